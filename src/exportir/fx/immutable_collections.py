@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
+from exportir import pytree
+
 __all__ = ["immutable_list", "immutable_dict"]
 
 _HOW_TO_MUTATE = (
@@ -49,8 +51,7 @@ class immutable_dict(dict):
 
 
 def _register_with_pytree() -> None:
-    from exportir import pytree
-
+    """Make both types pytree nodes in exportir's own registry (flattened like list/dict)."""
     pytree.register_pytree_node(
         immutable_list,
         lambda xs: (list(xs), None),
@@ -63,3 +64,6 @@ def _register_with_pytree() -> None:
         lambda values, keys: immutable_dict(zip(keys, values)),
         serialized_type_name="torch.fx.immutable_collections.immutable_dict",
     )
+
+
+_register_with_pytree()

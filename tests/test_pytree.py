@@ -123,7 +123,7 @@ def test_paths_and_maps_match_torch(tree: Any) -> None:
     assert repr(only) == repr(tp.tree_map_only(int, lambda x: x + 100, tree))
     with_path = ep.tree_map_with_path(lambda p, x: ep.keystr(p), tree)
     assert repr(with_path) == repr(tp.tree_map_with_path(lambda p, x: tp.keystr(p), tree))
-    pred = lambda x: x is None  # noqa: E731
+    pred = lambda x: x is None
     assert ep.tree_any(pred, tree) == tp.tree_any(pred, tree)
     assert ep.tree_all(pred, tree) == tp.tree_all(pred, tree)
 
@@ -161,7 +161,7 @@ def test_torch_spec_interop(tree: Any) -> None:
 
 def test_is_leaf_predicate_matches_torch() -> None:
     tree = {"a": (1, 2), "b": [3, (4, 5)], "c": None}
-    is_tuple = lambda x: isinstance(x, tuple)  # noqa: E731
+    is_tuple = lambda x: isinstance(x, tuple)
     ours_leaves, ours = ep.tree_flatten(tree, is_leaf=is_tuple)
     theirs_leaves, theirs = tp.tree_flatten(tree, is_leaf=is_tuple)
     assert ours_leaves == theirs_leaves == [(1, 2), 3, (4, 5), None]
@@ -223,7 +223,7 @@ def test_flatten_up_to_matches_torch(prefix: Any, tree: Any) -> None:
 
 
 def test_tree_map_with_rests_matches_torch() -> None:
-    fn = lambda x, y: [x] + y  # noqa: E731
+    fn = lambda x, y: [x] + y
     assert ep.tree_map(fn, [5, 6], [[7, 9], [1, 2]]) == [[5, 7, 9], [6, 1, 2]]
     with pytest.raises(ValueError, match="Node arity mismatch"):
         ep.tree_map(fn, [5, 6], [[7, 9]])

@@ -30,16 +30,55 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 __all__ = [
-    "DEFAULT_REGISTRY", "GetAttrKey", "KeyEntry", "KeyPath", "LeafSpec", "MappingKey",
-    "NodeDef", "PytreeRegistry", "SequenceKey", "SerializeNodeDef", "TreeSpec",
-    "TreeSpecSerializationError", "arg_tree_leaves", "is_namedtuple", "is_namedtuple_class",
-    "is_namedtuple_instance", "is_registered", "key_get", "keystr", "map_only",
-    "register_dataclass", "register_namedtuple", "register_pytree_node", "tree_all",
-    "tree_all_only", "tree_any", "tree_any_only", "tree_flatten", "tree_flatten_spec",
-    "tree_flatten_with_path", "tree_is_leaf", "tree_iter", "tree_leaves",
-    "from_torch_treespec", "to_torch_treespec", "tree_leaves_with_path", "tree_map", "tree_map_", "tree_map_only", "tree_map_only_",
-    "tree_map_with_path", "tree_structure", "tree_unflatten", "treespec_dict",
-    "treespec_dumps", "treespec_leaf", "treespec_loads", "treespec_pprint", "treespec_tuple",
+    "DEFAULT_REGISTRY",
+    "GetAttrKey",
+    "KeyEntry",
+    "KeyPath",
+    "LeafSpec",
+    "MappingKey",
+    "NodeDef",
+    "PytreeRegistry",
+    "SequenceKey",
+    "SerializeNodeDef",
+    "TreeSpec",
+    "TreeSpecSerializationError",
+    "arg_tree_leaves",
+    "from_torch_treespec",
+    "is_namedtuple",
+    "is_namedtuple_class",
+    "is_namedtuple_instance",
+    "is_registered",
+    "key_get",
+    "keystr",
+    "map_only",
+    "register_dataclass",
+    "register_namedtuple",
+    "register_pytree_node",
+    "to_torch_treespec",
+    "tree_all",
+    "tree_all_only",
+    "tree_any",
+    "tree_any_only",
+    "tree_flatten",
+    "tree_flatten_spec",
+    "tree_flatten_with_path",
+    "tree_is_leaf",
+    "tree_iter",
+    "tree_leaves",
+    "tree_leaves_with_path",
+    "tree_map",
+    "tree_map_",
+    "tree_map_only",
+    "tree_map_only_",
+    "tree_map_with_path",
+    "tree_structure",
+    "tree_unflatten",
+    "treespec_dict",
+    "treespec_dumps",
+    "treespec_leaf",
+    "treespec_loads",
+    "treespec_pprint",
+    "treespec_tuple",
 ]
 
 Context = Any
@@ -168,13 +207,14 @@ class PytreeRegistry:
     (as in torch); registering a namedtuple class only records its serialized name.
     """
 
-    __slots__ = ("_nodes", "_serialized", "_by_name", "_torch")
+    __slots__ = ("_by_name", "_nodes", "_serialized", "_torch", "_torch_nodes")
 
     def __init__(self) -> None:
         self._nodes: dict[Any, NodeDef] = {}
         self._serialized: dict[Any, SerializeNodeDef] = {}
         self._by_name: dict[str, Any] = {}
         self._torch: Any = None  # torch.utils._pytree module once it is loaded
+        self._torch_nodes: dict[Any, Any] | None = None  # its SUPPORTED_NODES (same object)
 
     # -- registration ---------------------------------------------------------------------
 
@@ -221,6 +261,7 @@ class PytreeRegistry:
             if mod is None:
                 return {}
             self._torch = mod
+            self._torch_nodes = mod.SUPPORTED_NODES
         return getattr(mod, attr)
 
     def node_for(self, cls: Any) -> Any:
@@ -228,9 +269,12 @@ class PytreeRegistry:
         node = self._nodes.get(cls)
         if node is not None:
             return node
-        if is_namedtuple_class(cls):
+        if issubclass(cls, tuple) and is_namedtuple_class(cls):
             return self._nodes.get(namedtuple)
-        return self._torch_table("SUPPORTED_NODES").get(cls)
+        torch_nodes = self._torch_nodes
+        if torch_nodes is None:
+            torch_nodes = self._torch_table("SUPPORTED_NODES")
+        return torch_nodes.get(cls)
 
     def node_for_spec_type(self, spec_type: Any) -> Any:
         """The NodeDef recorded under ``TreeSpec.type`` (used when unflattening)."""
@@ -271,7 +315,7 @@ class TreeSpec:
     returned besides the children, and the children are TreeSpecs.
     """
 
-    __slots__ = ("_type", "_context", "_children", "_num_nodes", "_num_leaves")
+    __slots__ = ("_children", "_context", "_num_leaves", "_num_nodes", "_type")
 
     def __init__(self, type: Any, context: Context, children_specs: list[TreeSpec]) -> None:
         if type is None:
@@ -349,6 +393,8 @@ class TreeSpec:
                 f"but the spec refers to a pytree that holds {self._num_leaves} "
                 f"items ({self})."
             )
+        if self._type is None:
+            return leaves[0]
         return _build(self, iter(leaves), DEFAULT_REGISTRY)
 
     def flatten_up_to(self, tree: PyTree) -> list[PyTree]:
@@ -385,10 +431,10 @@ def _hashable_context(spec: TreeSpec) -> Any:
 
 
 def _build(spec: TreeSpec, leaves: Iterator[Any], registry: PytreeRegistry) -> PyTree:
-    if spec._type is None:
-        return next(leaves)
-    node = registry.node_for_spec_type(spec._type)
-    kids = [_build(c, leaves, registry) for c in spec._children]
+    node = registry._nodes.get(spec._type) or registry.node_for_spec_type(spec._type)
+    kids = [
+        next(leaves) if c._type is None else _build(c, leaves, registry) for c in spec._children
+    ]
     return node.unflatten_fn(kids, spec._context)
 
 
@@ -728,9 +774,25 @@ def tree_iter(tree: PyTree, is_leaf: IsLeafFn = None) -> Iterator[Any]:
         yield from tree_iter(child, is_leaf)
 
 
+def _collect_leaves(
+    tree: PyTree, leaves: list[Any], is_leaf: IsLeafFn, registry: PytreeRegistry
+) -> None:
+    if is_leaf is not None and is_leaf(tree):
+        leaves.append(tree)
+        return
+    node = registry.node_for(type(tree))
+    if node is None:
+        leaves.append(tree)
+        return
+    for child in node.flatten_fn(tree)[0]:
+        _collect_leaves(child, leaves, is_leaf, registry)
+
+
 def tree_leaves(tree: PyTree, is_leaf: IsLeafFn = None) -> list[Any]:
-    """List of the leaves of ``tree``."""
-    return tree_flatten(tree, is_leaf)[0]
+    """List of the leaves of ``tree`` (no TreeSpec is built)."""
+    leaves: list[Any] = []
+    _collect_leaves(tree, leaves, is_leaf, DEFAULT_REGISTRY)
+    return leaves
 
 
 def tree_structure(tree: PyTree, is_leaf: IsLeafFn = None) -> TreeSpec:
@@ -742,7 +804,7 @@ def arg_tree_leaves(*args: PyTree, **kwargs: PyTree) -> list[Any]:
     """Leaves of ``(args, kwargs)`` without building a spec."""
     leaves: list[Any] = []
     for value in (*args, *kwargs.values()):
-        _flatten_into(value, leaves, None, DEFAULT_REGISTRY)
+        _collect_leaves(value, leaves, None, DEFAULT_REGISTRY)
     return leaves
 
 

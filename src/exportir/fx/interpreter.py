@@ -15,8 +15,8 @@ Nodes only at the top level, nested); the common flat lists are then read
 straight out of ``env`` without a recursive ``map_arg`` walk and without
 allocating long-lived per-node objects (which would wake the cyclic GC on big
 graphs). The shortcut is taken only while the subclass keeps the default
-``run_node`` / ``fetch_args_kwargs_from_env`` / ``map_nodes_to_values``;
-otherwise the documented override chain runs unchanged.
+``fetch_args_kwargs_from_env`` / ``map_nodes_to_values``; otherwise the
+documented override chain runs unchanged.
 """
 
 from __future__ import annotations
@@ -182,6 +182,9 @@ class Interpreter:
         self.garbage_collect_values = garbage_collect_values
         self.extra_traceback = True
         self._arg_kinds: dict[Node, int] = {}
+        self._default_fetch = _uses_default(self, "fetch_args_kwargs_from_env") and _uses_default(
+            self, "map_nodes_to_values"
+        )
         if self.garbage_collect_values:
             self.user_to_last_uses = _last_uses(reversed(self.graph.nodes))
 
@@ -202,12 +205,7 @@ class Interpreter:
         if enable_io_processing:
             args = self.graph.process_inputs(*args)
         self.args_iter: Iterator[Any] = iter(args)
-        fast = (
-            _uses_default(self, "run_node")
-            and _uses_default(self, "fetch_args_kwargs_from_env")
-            and _uses_default(self, "map_nodes_to_values")
-        )
-        step = self._fast_step() if fast else self.run_node
+        step = self._fast_step() if _uses_default(self, "run_node") else self.run_node
         last_uses = self.user_to_last_uses if self.garbage_collect_values else {}
         env = self.env
         for node in self.graph.nodes:
@@ -230,29 +228,38 @@ class Interpreter:
         return None
 
     def _fast_step(self) -> Callable[[Node], Any]:
-        """``run_node`` for the default fetch chain: flat argument lists are read
-        straight from ``env`` instead of walking them with ``map_arg``."""
+        """``run_node`` without the method indirection (default ``run_node`` only)."""
         handlers = {op: getattr(self, op) for op in _OPCODES}
-        kinds = self._arg_kinds
+        fetch = self._fetch
 
         def step(node: Node) -> Any:
-            kind = kinds.get(node)
-            if kind is None:
-                kind = kinds[node] = _classify(node)
-            if kind == FLAT:
-                env = self.env
-                try:
-                    args = tuple([env[a] if a.__class__ is Node else a for a in node.args])
-                except KeyError:
-                    args, kwargs = self.fetch_args_kwargs_from_env(node)  # raises the error
-                kwargs = node.kwargs
-            elif kind == CONST:
-                args, kwargs = node.args, node.kwargs
-            else:
-                args, kwargs = self.fetch_args_kwargs_from_env(node)
+            args, kwargs = fetch(node)
             return handlers[node.op](node.target, args, kwargs)
 
         return step
+
+    def _fetch(self, node: Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``fetch_args_kwargs_from_env``, reading flat argument lists straight from
+        ``env`` when the subclass keeps the default fetch chain."""
+        if not self._default_fetch:
+            args, kwargs = self.fetch_args_kwargs_from_env(node)
+            if not isinstance(args, tuple):
+                raise AssertionError(f"Expected args to be tuple, got {type(args)}")
+            if not isinstance(kwargs, dict):
+                raise AssertionError(f"Expected kwargs to be dict, got {type(kwargs)}")
+            return args, kwargs
+        kind = self._arg_kinds.get(node)
+        if kind is None:
+            kind = self._arg_kinds[node] = _classify(node)
+        if kind == FLAT:
+            env = self.env
+            try:
+                return tuple([env[a] if a.__class__ is Node else a for a in node.args]), node.kwargs
+            except KeyError:
+                pass  # the generic walk below raises the descriptive error
+        elif kind == CONST:
+            return node.args, node.kwargs
+        return self.fetch_args_kwargs_from_env(node)
 
     def boxed_run(self, args_list: list[Any]) -> Any:
         """Run with the boxed calling convention: ``args_list`` is cleared so the
@@ -277,11 +284,7 @@ class Interpreter:
 
     def run_node(self, n: Node) -> Any:
         """Execute node ``n`` by dispatching to the method named by ``n.op``."""
-        args, kwargs = self.fetch_args_kwargs_from_env(n)
-        if not isinstance(args, tuple):
-            raise AssertionError(f"Expected args to be tuple, got {type(args)}")
-        if not isinstance(kwargs, dict):
-            raise AssertionError(f"Expected kwargs to be dict, got {type(kwargs)}")
+        args, kwargs = self._fetch(n)
         return getattr(self, n.op)(n.target, args, kwargs)
 
     # -- per-opcode semantics ----------------------------------------------

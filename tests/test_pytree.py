@@ -454,3 +454,18 @@ def test_spec_pickles_and_deepcopies() -> None:
     assert pickle.loads(pickle.dumps(spec)) == spec
     assert copy.deepcopy(spec) == spec
     assert pickle.loads(pickle.dumps(ep.treespec_leaf())).is_leaf()
+
+
+def test_namedtuple_registered_only_with_torch_serializes() -> None:
+    class OnlyTorchNT(NamedTuple):
+        u: Any
+        v: Any
+
+    tp._register_namedtuple(OnlyTorchNT, serialized_type_name="test_pytree.OnlyTorchNT")
+    tree = [OnlyTorchNT(1, {"k": 2})]
+    text = ep.treespec_dumps(ep.tree_structure(tree))
+    assert text == tp.treespec_dumps(tp.tree_structure(tree))
+    loaded = ep.treespec_loads(text)
+    assert loaded == ep.tree_structure(tree)
+    assert ep.tree_unflatten([5, 6], loaded) == [OnlyTorchNT(5, {"k": 6})]
+    assert namedtuple in ep.SUPPORTED_NODES and OnlyTorchNT not in ep.SUPPORTED_NODES

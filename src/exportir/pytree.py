@@ -26,7 +26,8 @@ import json
 import sys
 import types
 from collections import OrderedDict, defaultdict, deque, namedtuple
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 __all__ = [
@@ -603,6 +604,8 @@ def _registry_with_builtins() -> PytreeRegistry:
 
 
 DEFAULT_REGISTRY: PytreeRegistry = _registry_with_builtins()
+# Read-only view of our own node table (torch's registrations are consulted separately).
+SUPPORTED_NODES: Mapping[Any, NodeDef] = MappingProxyType(DEFAULT_REGISTRY._nodes)
 
 
 # --------------------------------------------------------------------------- registration API

@@ -288,7 +288,9 @@ class PytreeRegistry:
 
     def is_registered(self, cls: Any) -> bool:
         """True if instances of ``cls`` are pytree nodes (ours, torch's, or namedtuples)."""
-        return self.node_for(cls) is not None
+        return self._nodes.get(cls) is not None or (
+            isinstance(cls, type) and self.node_for(cls) is not None
+        )
 
     def serialization_for(self, cls: Any) -> Any:
         """SerializeNodeDef for ``cls`` (ours first, then torch's), or None."""

@@ -534,6 +534,15 @@ def annotated_fn(x: torch.Tensor, y: int, z: "float" = 3.0) -> torch.Tensor:
     return x * y + z
 
 
+def annotated_real_types(x, y, z=3.0):
+    return x * y + z
+
+
+# This module uses postponed (string) annotations; the seed's examples use real types.
+annotated_real_types.__annotations__ = {"x": torch.Tensor, "y": int, "z": float,
+                                        "return": torch.Tensor}
+
+
 def default_args_fn(a, b=2, c=None, d=(1, "two", None)):
     return a + b if c is None else a + b + c
 
@@ -850,6 +859,8 @@ ENTRIES: list[Entry] = [
         inputs=lambda fx: ({"x": [_r(2), _r(2)], "y": _r(2)},),
         concrete_args=lambda fx: {"inp": {"x": [fx.PH, fx.PH], "y": fx.PH}})),
     Entry("annotated_fn", _case(root=lambda fx: annotated_fn, inputs=lambda fx: (_r(3), 2))),
+    Entry("annotated_real_types", _case(root=lambda fx: annotated_real_types,
+                                        inputs=lambda fx: (_r(3), 2))),
     # c is a Proxy while tracing, so the `c is None` branch is never taken: call with a tensor.
     Entry("default_args_fn", _case(root=lambda fx: default_args_fn,
                                    inputs=lambda fx: (_r(3), 2, _r(3)))),

@@ -603,3 +603,160 @@ def test_hook_registration_messages(ours_fx):
     with ours._set_replace_hook(hook):
         assert ours._replace_hooks == [hook]
     assert ours._replace_hooks == []
+
+
+# ------------------------------------------------------------------------------------------
+# Traced modules: pytree codegen, torch.package, symbolic sizes
+# ------------------------------------------------------------------------------------------
+
+
+def dict_in_fn(x):
+    return x["a"] + x["b"], x["a"]
+
+
+def test_pytree_codegen_sets_specs_and_survives_pickle(ours_fx):
+    inputs = {"a": torch.ones(2), "b": torch.full((2,), 3.0)}
+    results = []
+    for fx in (ours_fx, tfx):
+        gm = fx.symbolic_trace(dict_in_fn, concrete_args={"x": {"a": fx.PH, "b": fx.PH}})
+        loaded = pickle.loads(pickle.dumps(gm))
+        results.append((gm, loaded))
+    (ours, ours_loaded), (theirs, theirs_loaded) = results
+    assert type(ours.graph._codegen).__name__ == "_PyTreeCodeGen"
+    assert ours.code == theirs.code
+    assert str(ours._in_spec) == str(theirs._in_spec)
+    assert str(ours._out_spec) == str(theirs._out_spec)
+    assert ours_loaded.code == theirs_loaded.code
+    for a, b in zip(ours_loaded(inputs), theirs(inputs)):
+        torch.testing.assert_close(a, b)
+    for a, b in zip(copy.deepcopy(ours)(inputs), theirs(inputs)):
+        torch.testing.assert_close(a, b)
+
+
+class Traceable(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(2)
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("offset", torch.arange(4.0))
+
+    def forward(self, x):
+        return torch.relu(self.lin(x) + self.offset).sum(-1)
+
+
+def test_traced_module_pickle_and_deepcopy(ours_fx):
+    ours = ours_fx.symbolic_trace(Traceable())
+    theirs = tfx.symbolic_trace(Traceable())
+    assert ours.code == theirs.code
+    ours_loaded, theirs_loaded = pickle.loads(pickle.dumps(ours)), pickle.loads(pickle.dumps(theirs))
+    assert ours_loaded.code == theirs_loaded.code
+    assert type(ours_loaded).__name__ == type(theirs_loaded).__name__  # torch: "GraphModule"
+    torch.testing.assert_close(ours_loaded(X), theirs(X))
+    dup = copy.deepcopy(ours)
+    assert str(dup.graph) == str(copy.deepcopy(theirs).graph)
+    torch.testing.assert_close(dup(X), theirs(X))
+
+
+def test_torch_package_round_trip(ours_fx):
+    from torch.package import PackageExporter, PackageImporter
+
+    loaded_modules = []
+    for fx in (ours_fx, tfx):
+        root = torch.nn.Module()
+        root.lin = torch.nn.Linear(3, 3)
+        g = fx.Graph()
+        x = g.placeholder("x")
+        y = g.call_module("lin", (x,))
+        y.meta["stack_trace"] = 'File "a.py", line 3, in f'
+        g.output(g.call_function(operator.add, (y, 1)))
+        gm = fx.GraphModule(root, g, "Pk")
+        gm.note = "kept"
+        buf = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with PackageExporter(buf) as exporter:
+                exporter.extern(["torch.**", "exportir.**", "sympy.**", "math", "operator"])
+                exporter.save_pickle("m", "m.pkl", gm)
+        buf.seek(0)
+        loaded = PackageImporter(buf).load_pickle("m", "m.pkl")
+        torch.testing.assert_close(loaded(torch.ones(3)), gm(torch.ones(3)))
+        loaded_modules.append(loaded)
+    ours, theirs = loaded_modules
+    assert ours.code == theirs.code
+    assert type(ours).__name__ == "Pk" and ours.note == "kept"
+    assert [n.meta.get("stack_trace") for n in ours.graph.nodes] == [
+        n.meta.get("stack_trace") for n in theirs.graph.nodes
+    ]
+
+
+def _symbolic_values():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import (
+        DimDynamic,
+        ShapeEnv,
+        StatelessSymbolicContext,
+    )
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.DYNAMIC])
+    t = mode.from_tensor(torch.randn(3, 4), symbolic_context=ctx)
+    with mode:
+        flat = t.reshape(-1)
+        longer = torch.cat([flat, flat[1:]])
+        half = longer[: flat.shape[0] // 2]
+    return t, longer.shape[0], half.shape[0], flat.shape[0] - t.shape[1]
+
+
+def build_symbolic(fx, values):
+    t, size, half, diff = values
+    g = fx.Graph()
+    x = g.placeholder("x")
+    x.meta["val"] = t
+    s = g.call_method("size", (x, 0))
+    s.meta["val"] = size
+    s2 = g.call_function(operator.floordiv, (s, 2))
+    s2.meta["val"] = half
+    s3 = g.call_function(operator.sub, (s, s2))
+    s3.meta["val"] = diff
+    g.output((s, s2, s3))
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_print_readable_symbolic_sizes(ours_fx, fast):
+    values = _symbolic_values()
+    ours = build_symbolic(ours_fx, values).print_readable(False, fast_sympy_print=fast)
+    theirs = build_symbolic(tfx, values).print_readable(False, fast_sympy_print=fast)
+    assert ours == theirs
+    assert ("FloorDiv(" in ours) == fast
+
+
+# ------------------------------------------------------------------------------------------
+# forward installation
+# ------------------------------------------------------------------------------------------
+
+
+def test_instance_forward_override_and_class_forward(ours_fx):
+    ours, _ = make_pair(ours_fx)
+    fn = type(ours).forward
+    assert callable(fn) and fn.__name__ == "forward"
+    assert list(inspect_params(fn)) == ["self", "x"]
+    ours.forward = lambda x: "instance"
+    assert ours(X) == "instance"
+    del ours.forward
+    assert isinstance(ours(X), tuple)
+
+
+def inspect_params(fn):
+    import inspect
+
+    return inspect.signature(fn).parameters
+
+
+def test_recompile_twice_keeps_working(ours_fx):
+    ours, theirs = make_pair(ours_fx)
+    first = ours.recompile()
+    second = ours.recompile()
+    assert first.src == second.src == theirs.code
+    for a, b in zip(ours(X), theirs(X)):
+        torch.testing.assert_close(a, b)

@@ -156,6 +156,37 @@ def _forward_from_src(
     return _method_from_src("forward", src, globals, co_fields)
 
 
+class _LazyForward:
+    """Class attribute standing in for a generated ``forward`` until it is first looked up.
+
+    ``recompile`` only generates source; compiling a large function costs as much again, so
+    it happens on first access (a call, ``gm.forward``, tracing), after which the descriptor
+    replaces itself on its class with the plain function. Non-data descriptor: an instance
+    attribute ``forward`` still takes precedence, exactly as with a plain function.
+    """
+
+    __slots__ = ("_src", "_globals", "_co_fields", "_home")
+
+    def __init__(
+        self, src: str, globals: dict[str, Any], co_fields: dict[str, Any], home: type
+    ) -> None:
+        self._src = src
+        self._globals = globals
+        self._co_fields = co_fields
+        self._home = home
+
+    def resolve(self) -> Callable[..., Any]:
+        """Compile now and install the function on the owning class (if still current)."""
+        fn = _forward_from_src(self._src, self._globals, self._co_fields)
+        if self._home.__dict__.get("forward") is self:
+            self._home.forward = fn  # type: ignore[attr-defined]  # replaces this descriptor
+        return fn
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        fn = self.resolve()
+        return fn if obj is None else fn.__get__(obj, owner)
+
+
 # --------------------------------------------------------------------------------------------
 # Import blocks and (un)pickling
 # --------------------------------------------------------------------------------------------
@@ -689,7 +720,7 @@ class GraphModule(torch.nn.Module):
 
         cls = type(self)
         co_fields = getattr(graph, "_co_fields", None) or {}
-        cls.forward = _forward_from_src(self._code, python_code.globals, co_fields)
+        cls.forward = _LazyForward(self._code, python_code.globals, co_fields, cls)
 
         # Wrap the class's own __call__ if it defines one; otherwise defer to super() at call
         # time (never capture nn.Module.__call__ itself).

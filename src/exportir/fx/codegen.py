@@ -591,8 +591,9 @@ def _is_tensor_type(o: object) -> bool:
     return type(o).__name__ == "TensorType" and hasattr(o, "dims")
 
 
-def _last_uses(nodes: Any) -> dict[Any, list[Any]]:
-    """For each node, the inputs whose last use (in program order) it is."""
+def _values_to_free(nodes: list[Any]) -> dict[Any, list[Any]]:
+    """For each node, the values to release right after it runs: the inputs whose last use it
+    is, then the node itself when nothing uses it (it runs only for its side effect)."""
     seen: set[Any] = set()
     by_user: dict[Any, list[Any]] = {}
     for node in reversed(nodes):
@@ -600,6 +601,9 @@ def _last_uses(nodes: Any) -> dict[Any, list[Any]]:
             if inp not in seen:
                 seen.add(inp)
                 by_user.setdefault(node, []).append(inp)
+    for node in nodes:
+        if not node.users and node.op not in ("placeholder", "output"):
+            by_user.setdefault(node, []).append(node)
     return by_user
 
 
@@ -619,6 +623,7 @@ class _Emitter:
         self.root_module = root_module
         self.namespace = namespace
         self.opts = options
+        self.decorated = options.verbose or options.expanded_def or options.include_meta
         self.node_cls = Node
         self.free_vars: list[str] = []
         self.body: list[str] = []
@@ -627,6 +632,9 @@ class _Emitter:
         self.return_annotation = ""
         self.prev_summary: str | None = None
         self.function_plans: dict[Any, tuple[str, str]] = {}
+        # repr(node) memoized: the namespace returns the same name on every call anyway
+        self.names: dict[Any, str] = {}
+        self.node_starts: list[int] = []  # body index where each node's text begins
         paint = _color_fns.get if options.colored else (lambda _name: _identity)
         self.red, self.blue, self.dim = paint("red"), paint("blue"), paint("dim")
         self.dim_blue, self.dim_green = paint("dim_blue"), paint("dim_green")
@@ -670,10 +678,13 @@ class _Emitter:
 
     def repr_arg(self, arg: Any) -> str:
         """An argument as a Python expression (nodes by name, containers recursively)."""
-        if type(arg) in _PLAIN_REPR_TYPES:
+        cls = type(arg)
+        if cls is self.node_cls:
+            return self.names.get(arg) or self.name_of(arg)
+        if cls in _PLAIN_REPR_TYPES:
             return self.blue(repr(arg))
         if isinstance(arg, self.node_cls):
-            return repr(arg)
+            return self.name_of(arg)
         if isinstance(arg, tuple) and hasattr(arg, "_fields"):
             cls_name = self.add_global(_get_qualified_name(type(arg)), type(arg))
             return f"{cls_name}{tuple(arg)!r}"
@@ -700,9 +711,23 @@ class _Emitter:
             return text
         return self.blue(repr(arg))
 
+    def name_of(self, node: Any) -> str:
+        """``repr(node)`` (its name in this run's namespace once codegen overrides node reprs)."""
+        name = self.names.get(node)
+        if name is None:
+            namer = node._repr_fn
+            if type(namer) is _NamespaceRepr and namer.namespace is self.namespace:
+                name = self.namespace.create_name(node.name, node)  # repr(node), minus two calls
+            else:
+                name = repr(node)
+            self.names[node] = name
+        return name
+
     def format_args(self, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
-        parts = [self.repr_arg(a) for a in args]
-        parts.extend([f"{k} = {self.repr_arg(v)}" for k, v in kwargs.items()])
+        show = self.repr_arg
+        parts = [show(a) for a in args]
+        if kwargs:
+            parts.extend([f"{k} = {show(v)}" for k, v in kwargs.items()])
         return ", ".join(parts)
 
     # -- annotations and comments
@@ -773,16 +798,25 @@ class _Emitter:
 
     def emit(self, node: Any) -> None:
         """Append ``node``'s statement (without its trailing newline, except placeholders)."""
-        ann = "" if node.type is None else f" : {self.type_repr(node.type)}"
-        if self.opts.verbose:
-            ann = self.verbose_annotation(node, ann)
-        desc = node.meta.get("desc", None) if self.opts.expanded_def else None
-        if self.opts.include_meta and node.meta:
-            self._append_meta_docstring(node)
+        typ = node.type
+        ann = "" if typ is None else f" : {self.type_repr(typ)}"
+        desc = None
+        if self.decorated:
+            ann, desc = self._decorate(node, ann)
         handler = _OP_HANDLERS.get(node.op)
         if handler is None:
             raise NotImplementedError(f"node: {node.op} {node.target}")
         handler(self, node, ann, desc)
+
+    def _decorate(self, node: Any, ann: str) -> tuple[str, Any]:
+        """Verbose annotation, expanded-def description, and the FX_GRAPH_SHOW_META docstring."""
+        opts = self.opts
+        if opts.verbose:
+            ann = self.verbose_annotation(node, ann)
+        desc = node.meta.get("desc", None) if opts.expanded_def else None
+        if opts.include_meta and node.meta:
+            self._append_meta_docstring(node)
+        return ann, desc
 
     def _emit_placeholder(self, node: Any, ann: str, desc: Any) -> None:
         target = node.target
@@ -792,7 +826,7 @@ class _Emitter:
         comment = f"  # {desc}" if desc is not None else ""
         self.free_vars.append(f"{target}{ann}{default}{comment}")
         raw_name = target.replace("*", "")
-        name = repr(node)
+        name = self.name_of(node)
         if raw_name != name:
             self.body.append(f"{name} = {raw_name}\n")
 
@@ -801,7 +835,7 @@ class _Emitter:
             raise AssertionError(
                 f"Expected node.target to be str for call_method, got {type(node.target)}"
             )
-        name = repr(node)
+        name = self.name_of(node)
         args = node.args
         receiver = _format_target(self.repr_arg(args[0]), node.target)
         self.body.append(f"{name}{ann} = {receiver}({self.format_args(args[1:], node.kwargs)})")
@@ -817,33 +851,33 @@ class _Emitter:
         return "call", self.add_global(_get_qualified_name(target), target)
 
     def _plan_for(self, target: Any) -> tuple[str, str]:
-        try:
-            plan = self.function_plans.get(target)
-        except TypeError:  # unhashable callable: no caching
-            return self._function_plan(target)
-        if plan is None:
-            plan = self.function_plans[target] = self._function_plan(target)
+        plan = self.function_plans[target] = self._function_plan(target)
         return plan
 
     def _emit_call_function(self, node: Any, ann: str, desc: Any) -> None:
         target = node.target
         if not callable(target):
             raise AssertionError(f"Expected node.target to be callable, got {type(target)}")
-        kind, text = self._plan_for(target)
+        try:
+            plan = self.function_plans.get(target) or self._plan_for(target)
+        except TypeError:  # unhashable callable: no caching
+            plan = self._function_plan(target)
+        kind, text = plan
         args = node.args
+        show = self.repr_arg
         if kind == "magic":
-            name = repr(node)
-            self.body.append(f"{name}{ann} = {text.format(*[self.repr_arg(a) for a in args])}")
+            name = self.name_of(node)
+            self.body.append(f"{name}{ann} = {text.format(*[show(a) for a in args])}")
             return
         if kind == "inplace":
             statement = text.format(*[self.repr_arg(a) for a in args])
-            self.body.append(f"{statement};  {repr(node)}{ann} = {self.repr_arg(args[0])}")
+            self.body.append(f"{statement};  {self.name_of(node)}{ann} = {self.repr_arg(args[0])}")
             return
         if text == "getattr" and isinstance(args, tuple) and _is_attr_access(args):
             attr = _format_target(self.repr_arg(args[0]), args[1])
-            self.body.append(f"{repr(node)}{ann} = {attr}")
+            self.body.append(f"{self.name_of(node)}{ann} = {attr}")
             return
-        name = repr(node)
+        name = self.name_of(node)
         self.body.append(f"{name}{ann} = {text}({self.format_args(args, node.kwargs)})")
         if node.meta.get("is_wrapped", False):
             self.wrapped_fns.setdefault(text)
@@ -853,7 +887,7 @@ class _Emitter:
             raise AssertionError(
                 f"Expected node.target to be str for call_module, got {type(node.target)}"
             )
-        name = repr(node)
+        name = self.name_of(node)
         callee = _format_target(self.root_module, node.target)
         self.body.append(f"{name}{ann} = {callee}({self.format_args(node.args, node.kwargs)})")
 
@@ -862,7 +896,7 @@ class _Emitter:
             raise AssertionError(
                 f"Expected node.target to be str for get_attr, got {type(node.target)}"
             )
-        name = repr(node)
+        name = self.name_of(node)
         self.body.append(f"{name}{ann} = {_format_target(self.root_module, node.target)}")
 
     def _emit_output(self, node: Any, ann: str, desc: Any) -> None:
@@ -875,28 +909,26 @@ class _Emitter:
             )
         )
 
-    def free_after(self, user: Any, last_uses: dict[Any, list[Any]]) -> None:
-        """End ``user``'s line, releasing values it used last (and itself when unused)."""
+    def free_after(self, user: Any, dead: list[Any] | None) -> None:
+        """End ``user``'s line, assigning ``None`` to the values in ``dead``."""
         op = user.op
         if op == "placeholder":
             return
-        if op == "output":
+        if op == "output" or not dead:
             self.body.append("\n")
             return
-        dead = list(last_uses.get(user, ()))
-        if not user.users:
-            dead.append(user)  # kept for its side effect; free the result right away
-        if not dead:
-            self.body.append("\n")
-            return
-        self.body.append(f";  {self.dim(' = '.join([repr(n) for n in dead] + ['None']))}\n")
+        names = [self.names.get(n) or self.name_of(n) for n in dead]
+        names.append("None")
+        self.body.append(f";  {self.dim(' = '.join(names))}\n")
 
     # -- the whole function
 
     def run(self, nodes: Any) -> PythonCode:
         """Render all nodes and assemble the function source."""
+        nodes = list(nodes)
         opts, body = self.opts, self.body
-        last_uses = _last_uses(nodes)
+        to_free = _values_to_free(nodes)
+        emit, free_after, starts = self.emit, self.free_after, self.node_starts
         if opts.record_func:
             body.append(
                 "_rf = torch._C._profiler._RecordFunctionFast('## ENTER_GRAPH_PLACEHOLDER_KEY ##');"
@@ -905,15 +937,15 @@ class _Emitter:
         for i, node in enumerate(nodes):
             if opts.verbose:
                 self.append_stacktrace_summary(node)
-            body.append(f"# COUNTER: {i}\n")  # stripped below; maps lines to node indices
+            starts.append(len(body))  # node i's text starts here (torch marks it "# COUNTER: i")
             record = opts.record_func and node.op in _RECORDED_OPS
             if record:
                 body.append(
                     f"_rf_{node.name} = torch._C._profiler._RecordFunctionFast('## {i} ##');"
                     f" _rf_{node.name}.__enter__()\n"
                 )
-            self.emit(node)
-            self.free_after(node, last_uses)
+            emit(node)
+            free_after(node, to_free.get(node))
             if record:
                 body.append(f"_rf_{node.name}.__exit__(None, None, None)\n")
         if opts.record_func:
@@ -930,10 +962,14 @@ class _Emitter:
 
     def _finish(self) -> PythonCode:
         codegen = self.codegen
-        body = self.body or ["pass\n"]
+        body, starts = self.body, self.node_starts
+        if not body:
+            body.append("pass\n")
         wrap_stmts = self._wrap_statements()
-        if codegen._body_transformer:
-            body = codegen._body_transformer(body)
+        transformer = codegen._body_transformer
+        if transformer:
+            # the transformer sees torch.fx's per-node "# COUNTER: i" marker lines
+            body, starts = transformer(_with_counters(body, starts)), None
         for name, value in codegen.additional_globals():
             self.add_global(name, value)
         prologue = codegen._call_method_with_signature_check(
@@ -942,7 +978,13 @@ class _Emitter:
             self.return_annotation,
             expanded_def=self.opts.expanded_def,
         )
-        code, lineno_map = _strip_counters(body, prologue.count("\n") + 1)
+        first_line = prologue.count("\n") + 1
+        lineno_map = _line_map(body, starts, first_line) if starts is not None else None
+        if lineno_map is None:
+            text, lineno_map = _strip_counters(body, first_line)
+        else:
+            text = "".join(body)
+        code = "    " + text.lstrip("\n").replace("\n", "\n    ")
         return PythonCode(
             f"\n{wrap_stmts}\n\n{prologue}\n{code}",
             self.globals,
@@ -969,9 +1011,48 @@ def _recompute_info(meta: dict[str, Any]) -> str:
     return ""
 
 
+def _with_counters(body: list[str], starts: list[int]) -> list[str]:
+    """``body`` with a ``# COUNTER: i`` chunk where node ``i``'s text starts."""
+    marked: list[str] = []
+    prev = 0
+    for i, start in enumerate(starts):
+        marked.extend(body[prev:start])
+        marked.append(f"# COUNTER: {i}\n")
+        prev = start
+    marked.extend(body[prev:])
+    return marked
+
+
+def _line_map(body: list[str], starts: list[int], first_line: int) -> dict[int, int | None] | None:
+    """Map each line of ``"".join(body)`` (numbered from ``first_line``) to the index of the node
+    whose text it belongs to (``None`` before the first node).
+
+    Returns ``None`` when some node's text does not start on a fresh line, i.e. when the result
+    could differ from scanning marker lines; the caller then takes the marker route.
+    """
+    if any(s and not body[s - 1].endswith("\n") for s in starts):
+        return None
+    lineno_map: dict[int, int | None] = {}
+    line = first_line
+    current: int | None = None
+    node_iter = iter(enumerate(starts))
+    upcoming = next(node_iter, None)
+    for pos, chunk in enumerate(body):
+        while upcoming is not None and upcoming[1] == pos:
+            current = upcoming[0]
+            upcoming = next(node_iter, None)
+        for _ in range(chunk.count("\n")):
+            lineno_map[line] = current
+            line += 1
+    if starts:
+        current = len(starts) - 1  # nodes whose (empty) text starts at the very end
+    lineno_map[line] = current  # the final (partial or empty) line
+    return lineno_map
+
+
 def _strip_counters(body: list[str], first_line: int) -> tuple[str, dict[int, int | None]]:
-    """Drop ``# COUNTER: i`` marker lines, indent the rest, and map each remaining line number
-    (counted from ``first_line``) to the index of the node it belongs to."""
+    """Drop ``# COUNTER: i`` marker lines from the joined body and map each remaining line
+    (numbered from ``first_line``) to the index of the marker before it."""
     lineno_map: dict[int, int | None] = {}
     kept: list[str] = []
     current: int | None = None
@@ -982,8 +1063,7 @@ def _strip_counters(body: list[str], first_line: int) -> tuple[str, dict[int, in
             continue
         lineno_map[len(kept) + first_line] = current
         kept.append(line)
-    code = "\n".join(kept).lstrip("\n")
-    return "    " + "\n    ".join(code.split("\n")), lineno_map
+    return "\n".join(kept), lineno_map
 
 
 _OP_HANDLERS: dict[str, Callable[[_Emitter, Any, str, Any], None]] = {
@@ -999,6 +1079,18 @@ _OP_HANDLERS: dict[str, Callable[[_Emitter, Any, str, Any], None]] = {
 # --------------------------------------------------------------------------- entry points
 
 
+class _NamespaceRepr:
+    """A node repr function: the node's name in ``namespace`` (created on first use)."""
+
+    __slots__ = ("namespace",)
+
+    def __init__(self, namespace: _Namespace) -> None:
+        self.namespace = namespace
+
+    def __call__(self, n: Node) -> str:
+        return self.namespace.create_name(n.name, n)
+
+
 @contextmanager
 def _override_node_repr(graph: Any, namespace: _Namespace) -> Iterator[None]:
     """While active, ``repr(node)`` of every node of ``graph`` is its name in ``namespace``.
@@ -1006,11 +1098,7 @@ def _override_node_repr(graph: Any, namespace: _Namespace) -> Iterator[None]:
     Generated code is written with ``repr``, so nested containers of nodes print as valid
     expressions; the previous repr functions are restored on exit.
     """
-    create = namespace.create_name
-
-    def node_repr(n: Node) -> str:
-        return create(n.name, n)
-
+    node_repr = _NamespaceRepr(namespace)
     nodes = list(graph.nodes)
     saved = [n._repr_fn for n in nodes]
     for n in nodes:

@@ -184,7 +184,7 @@ def test_code_property_missing_raises(ours_fx):
     gm = ours_fx.GraphModule.__new__(ours_fx.GraphModule)
     torch.nn.Module.__init__(gm)
     with pytest.raises(RuntimeError, match="Code has not been generated"):
-        gm.code
+        _ = gm.code
 
 
 def test_generated_source_is_in_linecache(ours_fx):
@@ -345,7 +345,7 @@ def test_error_in_generated_code_prints_context(ours_fx, capsys):
     assert str(ours_exc) == str(theirs_exc)
     marker = "Call using an FX-traced Module"
     assert marker in ours_err
-    assert ours_err[ours_err.index(marker):] == theirs_err[theirs_err.index(marker):]
+    assert ours_err[ours_err.index(marker) :] == theirs_err[theirs_err.index(marker) :]
     assert "~~~ <--- HERE" in ours_err
     assert "torch.add(relu, top)" in ours_err.split(marker)[0]  # the traceback shows the line
     # re-raised without the generated frames
@@ -554,10 +554,11 @@ def test_to_folder_imports_and_matches_torch(ours_fx, tmp_path):
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         theirs.to_folder(theirs_dir, "Exported")
-    assert [str(w.message) for w in ours_w] == [
+    expected = (
         "Was not able to save the following children modules as reprs -"
         "saved as pickled files instead: ['act']"
-    ]
+    )
+    assert [str(w.message) for w in ours_w] == [expected]
     assert sorted(p.name for p in ours_dir.iterdir()) == sorted(
         p.name for p in theirs_dir.iterdir()
     )
@@ -595,7 +596,7 @@ def test_hook_registration_messages(ours_fx):
                 getattr(gm, name)(None)
             msgs.append(str(info.value))
         assert msgs[0] == msgs[1]
-    hook = lambda node: None  # noqa: E731
+    hook = lambda node: None
     ours._register_create_node_hook(hook)
     assert ours._create_node_hooks == [hook]
     ours._unregister_create_node_hook(hook)
@@ -648,7 +649,10 @@ def test_traced_module_pickle_and_deepcopy(ours_fx):
     ours = ours_fx.symbolic_trace(Traceable())
     theirs = tfx.symbolic_trace(Traceable())
     assert ours.code == theirs.code
-    ours_loaded, theirs_loaded = pickle.loads(pickle.dumps(ours)), pickle.loads(pickle.dumps(theirs))
+    ours_loaded, theirs_loaded = (
+        pickle.loads(pickle.dumps(ours)),
+        pickle.loads(pickle.dumps(theirs)),
+    )
     assert ours_loaded.code == theirs_loaded.code
     assert type(ours_loaded).__name__ == type(theirs_loaded).__name__  # torch: "GraphModule"
     torch.testing.assert_close(ours_loaded(X), theirs(X))

@@ -25,10 +25,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import CodeType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import torch
-import torch.nn as nn
+from torch import nn
 from torch.nn.modules.module import _addindent
 from torch.package import Importer, PackageExporter, PackageImporter, sys_importer
 
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
     from exportir.fx.node import Node
 
-__all__ = ["reduce_graph_module", "reduce_package_graph_module", "GraphModule"]
+__all__ = ["GraphModule", "reduce_graph_module", "reduce_package_graph_module"]
 
 _USER_PRESERVED_ATTRIBUTES_KEY = "_user_preserved_attributes"
 _EVAL_KEY_MARKER = "eval_with_key"
@@ -135,7 +135,7 @@ def _exec_with_source(
     src: str, globals: dict[str, Any], co_fields: dict[str, Any] | None = None
 ) -> None:
     """Execute ``src`` in ``globals`` (mutated) with its source retrievable for tracebacks."""
-    exec(_loader.compile(src, co_fields), globals)
+    exec(_loader.compile(src, co_fields), globals)  # noqa: S102  # our own generated code
 
 
 def _method_from_src(
@@ -165,7 +165,7 @@ class _LazyForward:
     attribute ``forward`` still takes precedence, exactly as with a plain function.
     """
 
-    __slots__ = ("_src", "_globals", "_co_fields", "_home")
+    __slots__ = ("_co_fields", "_globals", "_home", "_src")
 
     def __init__(
         self, src: str, globals: dict[str, Any], co_fields: dict[str, Any], home: type
@@ -368,7 +368,7 @@ def _print_readable(
     """``class <name>(torch.nn.Module):`` + verbose forward, then nested GraphModule children."""
     graph = getattr(module, "graph", None)
     if not isinstance(graph, Graph):
-        raise AssertionError("print_readable must be used on a module with a graph")
+        raise AssertionError("print_readable must be used on a module with a graph")  # noqa: TRY004  # torch.fx raises this type
     verbose = graph.python_code(
         root_module="self",
         verbose=True,
@@ -487,7 +487,7 @@ class _WrappedCall:
             if _EVAL_KEY_MARKER not in innermost.filename:
                 raise
             print(_WrappedCall._generate_error_message(innermost), file=sys.stderr)
-            raise e.with_traceback(None)  # noqa: B904  # the context was printed above
+            raise e.with_traceback(None)  # the context was printed above
 
 
 def _call_wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -543,11 +543,12 @@ def _write_folder(gm: GraphModule, folder: Path, module_name: str) -> None:
     folder.mkdir(exist_ok=True)
     torch.save(gm.state_dict(), folder / "state_dict.pt")
     builtin_imports = "\n".join(b.import_str for b in _custom_builtins.values())
-    parts = [
+    header = (
         f"\nimport torch\n{builtin_imports}\n\nfrom torch.nn import *\n"
         f"class {module_name}(torch.nn.Module):\n"
         f"{_TAB}def __init__(self):\n{_TAB * 2}super().__init__()\n"
-    ]
+    )
+    parts = [header]
     pickled: list[str] = []
     parts += [_child_init_line(folder, n, c, pickled) for n, c in gm.named_children()]
     parts.append(_tensor_init_lines(gm))
@@ -569,7 +570,7 @@ def _write_folder(gm: GraphModule, folder: Path, module_name: str) -> None:
 
 def _str_target(node: Node) -> str:
     if not isinstance(node.target, str):
-        raise AssertionError(f"Expected node.target to be str, got {type(node.target)}")
+        raise AssertionError(f"Expected node.target to be str, got {type(node.target)}")  # noqa: TRY004  # torch.fx raises this type
     return node.target
 
 
@@ -606,9 +607,9 @@ class GraphModule(torch.nn.Module):
     graph in place, call ``gm.recompile()`` to bring them up to date.
     """
 
-    __jit_unused_properties__ = ["graph", "_boxed_call"]
+    __jit_unused_properties__: ClassVar[list[str]] = ["graph", "_boxed_call"]
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> GraphModule:
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
         # One singleton subclass per instance, derived from the first non-singleton class
         # in the MRO so that copies of copies do not stack singleton layers.
         base = next(t for t in cls.__mro__ if t.__qualname__.split(".")[-1] != _IMPL_CLASS_NAME)
@@ -637,7 +638,7 @@ class GraphModule(torch.nn.Module):
         elif isinstance(root, dict):
             self._init_from_dict(root, graph)
         else:
-            raise RuntimeError("Unsupported type " + str(root) + " passed for root!")
+            raise RuntimeError("Unsupported type " + str(root) + " passed for root!")  # noqa: TRY004  # torch.fx raises this type
 
         self.graph = graph
         tracer_cls = graph._tracer_cls
@@ -694,7 +695,7 @@ class GraphModule(torch.nn.Module):
     @graph.setter
     def graph(self, g: Graph) -> None:
         if not isinstance(g, Graph):
-            raise AssertionError(f"Expected a Graph instance, but got {type(g)}")
+            raise AssertionError(f"Expected a Graph instance, but got {type(g)}")  # noqa: TRY004  # torch.fx raises this type
         self._graph = g
         g.owning_module = self
         self.recompile()
@@ -892,7 +893,7 @@ class GraphModule(torch.nn.Module):
     def _set_replace_hook(self, f: Callable[[Node, str, Node], object]) -> Iterator[None]:
         """Within the context, call ``f(old_node, new_name, user)`` on node replacement/rename."""
         if not callable(f):
-            raise AssertionError("Replace hook must be a callable.")
+            raise AssertionError("Replace hook must be a callable.")  # noqa: TRY004  # torch.fx raises this type
         self._register_replace_node_hook(f)
         try:
             yield
@@ -928,5 +929,5 @@ def _checked_hook(f: Any, kind: str) -> Any:
     """Return ``f`` if callable; torch's message names the hook kind (replace hooks reuse
     "create_node")."""
     if not callable(f):
-        raise AssertionError(f"{kind} hook must be a callable.")
+        raise AssertionError(f"{kind} hook must be a callable.")  # noqa: TRY004  # torch.fx raises this type
     return f

@@ -30,6 +30,7 @@ import torch
 
 from exportir.fx.immutable_collections import immutable_dict, immutable_list
 from exportir.fx.node import Argument, Node, Target, base_types
+from exportir.fx.operator_schemas import get_signature_for_torch_op
 
 __all__ = [
     "TracerBase",
@@ -126,39 +127,21 @@ def _current_stack_summary() -> traceback.StackSummary:
 # --------------------------------------------------------------------------------------------
 
 
-def _schemas_for(target: Any) -> list[Any]:
-    """TorchScript schemas of a torch operator or OpOverload; empty when unknown."""
-    if isinstance(target, torch._ops.OpOverload):
-        return [target._schema]
-    if isinstance(target, torch._ops.OpOverloadPacket):
-        return [target.__getattr__(name)._schema for name in target.overloads()]
-    builtin = torch.jit._builtins._find_builtin(target)
-    if builtin is None:
-        return []
-    return list(torch._C._jit_get_schemas_for_operator(builtin))
-
-
-def _schema_accepts(schema: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether (args, kwargs) bind to the schema's argument list by count and name."""
-    params = list(schema.arguments)
-    positional = [p for p in params if not p.kwarg_only]
-    if len(args) > len(positional):
-        return False
-    names = {p.name for p in params}
-    if any(k not in names for k in kwargs):
-        return False
-    bound = {p.name for p in positional[: len(args)]}
-    if bound & set(kwargs):
-        return False
-    given = bound | set(kwargs)
-    return all(p.name in given or p.has_default_value() for p in params)
-
-
 def _check_for_mutable_operation(
     target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
-    """Raise if ``target`` called with these arguments matches exactly one mutable schema."""
-    matched = [s for s in _schemas_for(target) if _schema_accepts(s, args, kwargs)]
+    """Raise if ``target`` called with these arguments binds to exactly one schema of a torch
+    operator and that schema mutates an operand. Ambiguous or unknown targets pass."""
+    signatures, schemas = get_signature_for_torch_op(target, return_schemas=True)
+    if not signatures or not schemas:
+        return
+    matched = []
+    for sig, schema in zip(signatures, schemas):
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError:
+            continue
+        matched.append(schema)
     if len(matched) == 1 and matched[0].is_mutable:
         raise RuntimeError(
             f"Tried to trace mutable operation {matched[0]}. FX only supports functional "
@@ -206,7 +189,7 @@ class TracerBase:
         scope = self.scope
         self.node_name_to_scope[node.name] = (scope.module_path, scope.module_type)
         if self.module_stack:
-            node.meta["nn_module_stack"] = copy.copy(self.module_stack)
+            node.meta["nn_module_stack"] = self.module_stack.copy()
         if self.record_stack_traces and not node.stack_trace:
             self._record_stack_trace(node)
         return node

@@ -419,8 +419,17 @@ def _patch_function(fn: FunctionType, nargs: int) -> FunctionType:
 # --------------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=None)
 def _accepts_proxy_factory(create_proxy: Callable[..., Any]) -> bool:
+    """Whether a (possibly overridden) ``create_proxy`` function takes ``proxy_factory_fn``."""
     return "proxy_factory_fn" in inspect.signature(create_proxy).parameters
+
+
+# Exact types that Tracer.create_arg hands straight to TracerBase.create_arg.
+_PLAIN_ARG_TYPES: frozenset[type] = frozenset(
+    {Proxy, tuple, list, dict, int, float, bool, str, complex, type(None), slice, torch.dtype,
+     torch.device}
+)
 
 
 def _first_names(pairs: Any) -> dict[int, str]:
@@ -509,6 +518,8 @@ class Tracer(TracerBase):
         ``_tensor_constant<N>`` etc. and fetched with ``get_attr``; named tuples become
         constructor calls; instances of ProxyableClassMeta classes become constants.
         """
+        if type(a) in _PLAIN_ARG_TYPES:  # fast path: cannot be a member or a constant
+            return super().create_arg(a)
         if isinstance(a, torch.nn.Parameter):
             name = self._name_of("parameters", a)
             if name is None:
@@ -614,7 +625,7 @@ class Tracer(TracerBase):
             return None
         if name not in cache:
             kwargs: dict[str, Any] = {}
-            if _accepts_proxy_factory(self.create_proxy):
+            if _accepts_proxy_factory(getattr(self.create_proxy, "__func__", self.create_proxy)):
                 kwargs["proxy_factory_fn"] = (
                     (lambda node: ParameterProxy(self, node, name, value))
                     if self.param_shapes_constant

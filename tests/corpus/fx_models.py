@@ -23,11 +23,7 @@ import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-try:  # DEV-ONLY GUARD
-    import exportir.fx
-except Exception:  # DEV-ONLY GUARD
-    import torch.fx as _tfx, types as _t  # DEV-ONLY GUARD
-    exportir = _t.SimpleNamespace(fx=_t.SimpleNamespace(wrap=lambda f: f))  # DEV-ONLY GUARD
+import exportir.fx
 
 from corpus import fx_seed_wrapped  # noqa: F401  (registers its wraps at import)
 

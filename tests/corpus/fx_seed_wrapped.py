@@ -8,11 +8,7 @@ from math import sqrt
 
 import torch.fx
 
-try:  # DEV-ONLY GUARD
-    import exportir.fx
-except Exception:  # DEV-ONLY GUARD
-    import torch.fx as _tfx, types as _t  # DEV-ONLY GUARD
-    exportir = _t.SimpleNamespace(fx=_t.SimpleNamespace(wrap=lambda f: f))  # DEV-ONLY GUARD
+import exportir.fx
 
 
 def normalize(x):

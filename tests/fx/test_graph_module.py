@@ -764,3 +764,46 @@ def test_recompile_twice_keeps_working(ours_fx):
     assert first.src == second.src == theirs.code
     for a, b in zip(ours(X), theirs(X)):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"include_stride": True, "include_device": True},
+        {"colored": True},
+        {"expanded_def": True},
+    ],
+)
+def test_print_readable_options_match_torch(ours_fx, kwargs):
+    values = _symbolic_values()
+    ours = build_symbolic(ours_fx, values)
+    theirs = build_symbolic(tfx, values)
+    for gm in (ours, theirs):
+        node = next(iter(gm.graph.nodes))
+        node.meta["val"] = torch.empty(2, 3)
+        gm.recompile()
+    assert ours.print_readable(False, **kwargs) == theirs.print_readable(False, **kwargs)
+
+
+def test_subclass_with_own_call_is_wrapped(ours_fx, capsys):
+    calls = []
+
+    def make_cls(fx):
+        class Counting(fx.GraphModule):
+            def __call__(self, *args, **kwargs):
+                calls.append(type(self).__name__)
+                return super().__call__(*args, **kwargs)
+
+        return Counting
+
+    for fx in (ours_fx, tfx):
+        gm = make_cls(fx)(Root(), build_graph(fx), "Counted")
+        assert isinstance(gm(X), tuple)
+        dup = copy.deepcopy(gm)
+        assert type(dup).__mro__[1].__name__ == "Counting"
+        dup(X)
+    assert calls == ["Counted", "GraphModule", "Counted", "GraphModule"]
+    failing = make_cls(ours_fx)(Root(), build_failing(ours_fx).graph)
+    with pytest.raises(RuntimeError):
+        failing(torch.randn(3, 5))
+    assert "Call using an FX-traced Module" in capsys.readouterr().err

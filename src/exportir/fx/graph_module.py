@@ -252,8 +252,10 @@ def _deserialize_graph_module(
     graph_module_cls: type | None = None,
 ) -> torch.nn.Module:
     """Rebuild a GraphModule from ``body`` (a ``__dict__`` without ``_graph``) and ``forward``."""
-    _CodeOnlyModule.forward = forward  # type: ignore[method-assign]  # the tracer reads the class
-    com = _CodeOnlyModule(body)
+    # A throwaway subclass carries ``forward`` (tracers read it from the class), so the shared
+    # _CodeOnlyModule class is never mutated.
+    code_only_cls = type("_CodeOnlyModule", (_CodeOnlyModule,), {"forward": forward})
+    com = code_only_cls(body)
     graph = _retrace_code_only(com, body)
 
     stack_traces = body.pop("_graphmodule_graph_node_meta_stack_trace", None)

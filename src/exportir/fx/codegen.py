@@ -963,7 +963,7 @@ class _Emitter:
     def _finish(self) -> PythonCode:
         codegen = self.codegen
         body, starts = self.body, self.node_starts
-        if not body:
+        if not body and not starts:  # no nodes at all (torch's markers count as body text)
             body.append("pass\n")
         wrap_stmts = self._wrap_statements()
         transformer = codegen._body_transformer

@@ -807,3 +807,18 @@ def test_subclass_with_own_call_is_wrapped(ours_fx, capsys):
     with pytest.raises(RuntimeError):
         failing(torch.randn(3, 5))
     assert "Call using an FX-traced Module" in capsys.readouterr().err
+
+
+def test_share_unpicklable_context_keeps_plain_deepcopy(gm_mod, ours_fx):
+    ours, theirs = make_pair(ours_fx)
+    with gm_mod._share_torchbind_and_process_group_on_deepcopy():
+        dup = copy.deepcopy(ours)
+    assert dup.sub.lin is not ours.sub.lin and dup.code == theirs.code
+
+
+def test_source_registry_cache_alias(gm_mod):
+    key = gm_mod._loader.cache("def f():\n    return 1\n", {})
+    import linecache
+
+    assert "eval_with_key" in key
+    assert linecache.getlines(key) == ["def f():\n", "    return 1\n"]

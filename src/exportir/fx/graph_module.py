@@ -15,6 +15,7 @@ Contract (mirrors ``torch.fx.GraphModule`` of torch 2.13):
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import itertools
 import linecache
@@ -22,7 +23,7 @@ import sys
 import traceback
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import CodeType
 from typing import TYPE_CHECKING, Any, ClassVar, Self
@@ -109,6 +110,12 @@ class _SourceRegistry:
         key = self._fresh_key(co_fields)
         self._expose(key, src)
         return key
+
+    def cache(
+        self, src: str, globals: dict[str, Any], co_fields: dict[str, Any] | None = None
+    ) -> str:
+        """torch.fx's spelling of :meth:`register` (``globals`` is not needed)."""
+        return self.register(src, co_fields)
 
     def compile(self, src: str, co_fields: dict[str, Any] | None = None) -> CodeType:
         """Compile ``src`` (registered in linecache) without inheriting our ``__future__`` flags."""
@@ -570,6 +577,37 @@ def _write_folder(gm: GraphModule, folder: Path, module_name: str) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+_share_unpicklable_on_deepcopy = contextvars.ContextVar(
+    "_share_torchbind_and_process_group", default=False
+)
+
+
+@contextlib.contextmanager
+def _share_torchbind_and_process_group_on_deepcopy() -> Iterator[None]:
+    """Within the context, ``GraphModule`` deepcopies share (instead of failing to copy)
+    torchbind objects lacking ``__getstate__``/``__setstate__`` and ProcessGroups."""
+    token = _share_unpicklable_on_deepcopy.set(True)
+    try:
+        yield
+    finally:
+        _share_unpicklable_on_deepcopy.reset(token)
+
+
+def _is_uncopyable(value: object) -> bool:
+    if isinstance(value, torch.ScriptObject):
+        has = value._has_method  # type: ignore[attr-defined]  # ScriptObject API, untyped
+        return not (has("__getstate__") and has("__setstate__"))
+    dist = torch.distributed
+    return dist.is_available() and isinstance(value, dist.ProcessGroup)
+
+
+def _share_unpicklable(values: Iterable[object], memo: dict[int, Any]) -> None:
+    """Pre-seed ``memo`` so deepcopy maps each uncopyable value to itself."""
+    for value in values:
+        if _is_uncopyable(value):
+            memo.setdefault(id(value), value)
+
+
 def _str_target(node: Node) -> str:
     if not isinstance(node.target, str):
         raise AssertionError(f"Expected node.target to be str, got {type(node.target)}")  # noqa: TRY004  # torch.fx raises this type
@@ -820,6 +858,8 @@ class GraphModule(torch.nn.Module):
     def __deepcopy__(self, memo: dict[int, Any]) -> GraphModule:
         result = type(self).__new__(type(self))
         memo[id(self)] = result
+        if _share_unpicklable_on_deepcopy.get():
+            _share_unpicklable(self.__dict__.values(), memo)
         state_copy = _CodeOnlyModule(copy.deepcopy(self.__dict__, memo))
         self._deepcopy_init()(result, state_copy, state_copy.__dict__["_graph"])
         # __init__ resets hook lists; carry over the state-dict and graph hooks explicitly.

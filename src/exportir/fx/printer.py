@@ -329,11 +329,12 @@ def format_tabular(rows: Sequence[Sequence[object]], headers: Sequence[str]) -> 
 
     Columns are separated by two spaces and underlined with dashes; each column is at least two
     wider than its header; text is left-aligned and numeric columns right-aligned; cells are
-    ``str()``-ed and stripped, multi-line cells span several lines; trailing spaces are dropped.
+    ``str()``-ed and stripped (the cell, not each of its lines), multi-line cells span several
+    lines; trailing spaces of each output line are dropped.
     """
     columns = []
     for idx, header in enumerate(headers):
-        cells = [[line.strip() for line in str(row[idx]).strip().split("\n")] for row in rows]
+        cells = [str(row[idx]).strip().split("\n") for row in rows]
         columns.append(_column_lines(cells, header))
 
     def render(parts: Sequence[str]) -> str:

@@ -17,11 +17,10 @@ import random
 import pytest
 import torch
 import torch.fx
-import torch.nn as nn
-
 from conftest import import_ours_fx
 from corpus.fx_models import ENTRIES, build
 from test_parity import assert_same_value as _assert_same_value
+from torch import nn
 
 fx = import_ours_fx()
 
@@ -138,7 +137,7 @@ def _random_graph(impl, seed, size=60):
     graph = impl.Graph()
     values = [graph.placeholder(f"x{i}") for i in range(3)]
     for _ in range(size):
-        pick = lambda: values[rng.randrange(len(values))]  # noqa: E731
+        pick = lambda: values[rng.randrange(len(values))]
         kind = rng.randrange(8)
         if kind == 0:
             node = graph.call_function(rng.choice(UNARY), (pick(),))
@@ -503,7 +502,7 @@ def test_transformer_decomposition_rule():
 
         return Decompose
 
-    fn = lambda x: torch.relu(x) + 1  # noqa: E731
+    fn = lambda x: torch.relu(x) + 1
     theirs = make(torch.fx)(torch.fx.symbolic_trace(fn)).transform()
     ours = make(fx)(fx.symbolic_trace(fn)).transform()
     assert ours.code == theirs.code

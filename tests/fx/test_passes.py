@@ -10,13 +10,12 @@ import importlib
 import pytest
 import torch
 import torch.fx
-import torch.nn as nn
+from conftest import import_ours_fx, ours_fx_name
+from corpus.fx_models import ENTRIES, build
+from torch import nn
 from torch.fx.passes import shape_prop as t_shape_prop
 from torch.fx.passes.infra import pass_base as t_pass_base
 from torch.fx.passes.infra import pass_manager as t_pass_manager
-
-from conftest import import_ours_fx, ours_fx_name
-from corpus.fx_models import ENTRIES, build
 
 fx = import_ours_fx()
 o_shape_prop = importlib.import_module(f"{ours_fx_name()}.passes.shape_prop")

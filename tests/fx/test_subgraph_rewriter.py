@@ -10,17 +10,15 @@ Sanity mode: ``EXPORTIR_FX_IMPL=torch.fx`` runs this file with torch.fx on both 
 from __future__ import annotations
 
 import importlib
-import operator
 import random
 
 import pytest
 import torch
 import torch.fx
 import torch.fx.subgraph_rewriter as t_rewriter
-import torch.nn as nn
-from torch.fx.passes.utils.matcher_utils import SubgraphMatcher as TMatcher
-
 from conftest import import_ours_fx, ours_fx_name
+from torch import nn
+from torch.fx.passes.utils.matcher_utils import SubgraphMatcher as TMatcher
 
 fx = import_ours_fx()
 o_rewriter = importlib.import_module(f"{ours_fx_name()}.subgraph_rewriter")
@@ -477,6 +475,17 @@ PATTERNS = [
 ]
 
 
+OPS = {
+    "relu": lambda a, b: torch.relu(a),
+    "neg": lambda a, b: torch.neg(a),
+    "sigmoid": lambda a, b: torch.sigmoid(a),
+    "add": lambda a, b: a + b,
+    "mul": lambda a, b: a * b,
+    "tmul": lambda a, b: torch.mul(a, b),
+    "scale": lambda a, b: a * 2,
+}
+
+
 def _random_program(seed):
     rng = random.Random(seed)
     ops = ["relu", "neg", "sigmoid", "add", "mul", "tmul", "scale"]
@@ -486,15 +495,7 @@ def _random_program(seed):
         values = [x, y]
         for op, i, j in plan:
             a, b = values[i % len(values)], values[j % len(values)]
-            values.append({
-                "relu": lambda: torch.relu(a),
-                "neg": lambda: torch.neg(a),
-                "sigmoid": lambda: torch.sigmoid(a),
-                "add": lambda: a + b,
-                "mul": lambda: a * b,
-                "tmul": lambda: torch.mul(a, b),
-                "scale": lambda: a * 2,
-            }[op]())
+            values.append(OPS[op](a, b))
         return values[-1], values[-5]
 
     return prog

@@ -218,7 +218,7 @@ class Interpreter:
                     raise
                 _annotate_error(error, node)
                 if isinstance(error, KeyError):  # KeyError's str() would quote the message
-                    raise RuntimeError(*error.args) from error
+                    raise RuntimeError(*error.args) from error  # noqa: TRY004 (torch.fx parity)
                 raise
             for dead in last_uses.get(node, ()):
                 del env[dead]
@@ -314,7 +314,7 @@ class Interpreter:
     ) -> Any:
         """``target(*args, **kwargs)``."""
         if isinstance(target, str):
-            raise AssertionError("target should not be a string for call_function")
+            raise AssertionError("target should not be a string for call_function")  # noqa: TRY004 (torch.fx parity)
         return target(*args, **kwargs)
 
     def call_method(self, target: Target, args: tuple[Argument, ...], kwargs: dict[str, Any]) -> Any:
@@ -350,10 +350,10 @@ class Interpreter:
         """Concrete ``args`` and ``kwargs`` of ``n`` from the current ``env``."""
         args = self.map_nodes_to_values(n.args, n)
         if not isinstance(args, tuple):
-            raise AssertionError(f"Expected args to be tuple, got {type(args)}")
+            raise AssertionError(f"Expected args to be tuple, got {type(args)}")  # noqa: TRY004 (torch.fx parity)
         kwargs = self.map_nodes_to_values(n.kwargs, n)
         if not isinstance(kwargs, dict):
-            raise AssertionError(f"Expected kwargs to be dict, got {type(kwargs)}")
+            raise AssertionError(f"Expected kwargs to be dict, got {type(kwargs)}")  # noqa: TRY004 (torch.fx parity)
         return args, kwargs
 
     def map_nodes_to_values(self, args: Argument, n: Node) -> Argument:
@@ -374,7 +374,7 @@ class Interpreter:
 
 def _expect_str(target: Target) -> None:
     if not isinstance(target, str):
-        raise AssertionError(f"Expected target to be str, got {type(target)}")
+        raise AssertionError(f"Expected target to be str, got {type(target)}")  # noqa: TRY004 (torch.fx parity)
 
 
 # --------------------------------------------------------------------------

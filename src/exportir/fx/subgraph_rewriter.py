@@ -22,7 +22,7 @@ from exportir.fx.node import Node
 from exportir.fx.passes.utils.matcher_utils import InternalMatch, SubgraphMatcher
 from exportir.fx.tracer import symbolic_trace
 
-__all__ = ["Match", "replace_pattern", "replace_pattern_with_filters", "ReplacedPatterns"]
+__all__ = ["Match", "ReplacedPatterns", "replace_pattern", "replace_pattern_with_filters"]
 
 MatchFilter = Callable[[InternalMatch, Graph, Graph], bool]
 ReplacementCallback = Callable[[InternalMatch, Graph, Graph], Graph]
@@ -176,7 +176,7 @@ def _among(value: Any, items: list[Any]) -> bool:
 def _same_literal(a: Any, b: Any) -> bool:
     try:
         return bool(a == b)
-    except Exception:  # e.g. multi-element tensors
+    except (RuntimeError, TypeError, ValueError):  # e.g. multi-element tensors
         return a is b
 
 

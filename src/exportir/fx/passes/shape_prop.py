@@ -13,7 +13,7 @@ from exportir.fx.graph_module import GraphModule
 from exportir.fx.interpreter import Interpreter
 from exportir.fx.node import Node, map_aggregate
 
-__all__ = ["TensorMetadata", "ShapeProp"]
+__all__ = ["ShapeProp", "TensorMetadata"]
 
 
 class TensorMetadata(NamedTuple):

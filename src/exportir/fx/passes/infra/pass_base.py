@@ -5,11 +5,11 @@ from __future__ import annotations
 import abc
 from collections import namedtuple
 
-import torch.nn as nn
+from torch import nn
 
 from exportir.fx.graph_module import GraphModule
 
-__all__ = ["PassResult", "PassBase"]
+__all__ = ["PassBase", "PassResult"]
 
 
 class PassResult(namedtuple("PassResult", ["graph_module", "modified"])):
@@ -17,7 +17,7 @@ class PassResult(namedtuple("PassResult", ["graph_module", "modified"])):
 
     __slots__ = ()
 
-    def __new__(cls, graph_module: nn.Module, modified: bool) -> PassResult:
+    def __new__(cls, graph_module: nn.Module, modified: bool) -> PassResult:  # noqa: PYI034
         return super().__new__(cls, graph_module, modified)
 
 
@@ -36,8 +36,8 @@ class PassBase(abc.ABC):
     def call(self, graph_module: GraphModule) -> PassResult | None:
         """Run the pass on ``graph_module``."""
 
-    def requires(self, graph_module: GraphModule) -> None:  # noqa: B027 (optional hook)
+    def requires(self, graph_module: GraphModule) -> None:
         """Precondition check; raise to reject ``graph_module``."""
 
-    def ensures(self, graph_module: GraphModule) -> None:  # noqa: B027 (optional hook)
+    def ensures(self, graph_module: GraphModule) -> None:
         """Postcondition check; raise if the pass left ``graph_module`` invalid."""

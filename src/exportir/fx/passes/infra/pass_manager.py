@@ -9,7 +9,7 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
-import torch.nn as nn
+from torch import nn
 
 from exportir.fx.graph_module import GraphModule
 from exportir.fx.passes.infra.pass_base import PassResult
@@ -17,7 +17,7 @@ from exportir.fx.passes.infra.pass_base import PassResult
 logger = logging.getLogger(__name__)
 logger.setLevel(logging.WARNING)
 
-__all__ = ["pass_result_wrapper", "this_before_that_pass_constraint", "PassManager"]
+__all__ = ["PassManager", "pass_result_wrapper", "this_before_that_pass_constraint"]
 
 Pass = Callable[..., Any]
 Constraint = Callable[[Pass, Pass], bool]

@@ -24,7 +24,7 @@ import torch
 from exportir.fx.graph import Graph
 from exportir.fx.node import Node
 
-__all__ = ["SubgraphMatcher", "InternalMatch"]
+__all__ = ["InternalMatch", "SubgraphMatcher"]
 
 #: ``PYTORCH_MATCHER_LOGLEVEL=INFO`` shows every matching step.
 logger = logging.getLogger(__name__)
@@ -157,7 +157,7 @@ class SubgraphMatcher:
         """get_attr nodes match when both fetch tensors (values are not compared)."""
         for node in (pn, gn):
             if not isinstance(node.target, str):
-                raise AssertionError(f"{'pn' if node is pn else 'gn'}.target {node.target} "
+                raise AssertionError(f"{'pn' if node is pn else 'gn'}.target {node.target} "  # noqa: TRY004 (torch.fx parity)
                                      "must be a string.")
         for node in (pn, gn):
             if node.graph.owning_module is None:
@@ -221,7 +221,7 @@ class SubgraphMatcher:
         ``state`` may hold partial bindings; callers restore a saved copy."""
         logger.info("  matching %s to %s", pn, gn)
         if not (isinstance(pn, Node) and isinstance(gn, Node)):
-            raise AssertionError(f"pn and gn must be Node, pn: {pn}, gn: {gn}")
+            raise AssertionError(f"pn and gn must be Node, pn: {pn}, gn: {gn}")  # noqa: TRY004 (torch.fx parity)
         bound = state.nodes_map.get(pn, state)
         if bound is not state:
             return bound == gn

@@ -38,6 +38,8 @@ class Case:
     concrete_args: Optional[dict] = None
     # Builds the tracer instance to use; None means plain ``fx.symbolic_trace``.
     make_tracer: Optional[Callable[[], Any]] = None
+    # What the traced module must agree with numerically; None means ``root`` itself.
+    reference: Optional[Callable[..., Any]] = None
 
 
 @dataclass(frozen=True)
@@ -633,6 +635,60 @@ def autowrap_functions_fn(x):
     return autowrap_target(x) + 1
 
 
+def configured_tracer(fx: ModuleType, **attrs) -> Callable[[], Any]:
+    """A factory for a plain ``fx.Tracer`` with the given class-level switches set on it."""
+
+    def make():
+        tracer = fx.Tracer()
+        for k, v in attrs.items():
+            setattr(tracer, k, v)
+        return tracer
+
+    return make
+
+
+class BufferSlice(nn.Module):
+    """Slices a buffer by a traced size: needs ``proxy_buffer_attributes``."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("causal", torch.tril(torch.ones(8, 8)))
+
+    def forward(self, x):
+        t = x.size(1)
+        return x.masked_fill(self.causal[:t, :t] == 0, 0.0)
+
+
+class ParamShapes(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 6)
+
+    def forward(self, x):
+        return self.lin(x).view(-1, self.lin.weight.shape[0]) * self.lin.weight.size()[1]
+
+
+class CustomEntryPoint(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        raise AssertionError("traced through `encode`, never called")
+
+    def encode(self, x, scale=2.0):
+        return self.lin(x) * scale
+
+
+def traced_assert(x):
+    assert x.sum() > -1e9, "sum is finite"
+    return x + 1
+
+
+def mutating_fn(x):
+    return torch.relu_(x.clone())
+
+
 # --------------------------------------------------------------------------------------------
 # Operators, attributes, methods, indexing.
 
@@ -780,6 +836,12 @@ def _case(**kw) -> Callable[[ModuleType], Case]:
 _LAZY_KEYS = {"root", "inputs", "kwinputs", "concrete_args", "make_tracer"}
 
 
+def _entry_point_case(fx: ModuleType) -> Case:
+    root = CustomEntryPoint()
+    return Case(root, (_r(3, 4),), make_tracer=configured_tracer(fx, traced_func_name="encode"),
+                reference=root.encode)
+
+
 ENTRIES: list[Entry] = [
     # seed 003 examples
     Entry("seed_overview", _module(SeedOverview, (3, 4))),
@@ -874,6 +936,14 @@ ENTRIES: list[Entry] = [
     Entry("autowrap_functions", _case(
         root=lambda fx: autowrap_functions_fn, inputs=lambda fx: (_r(3),),
         make_tracer=lambda fx: (lambda: fx.Tracer(autowrap_functions=(autowrap_target,))))),
+    Entry("tracer_proxy_buffer_attributes", _case(
+        root=lambda fx: BufferSlice(), inputs=lambda fx: (_r(2, 5, 5),),
+        make_tracer=lambda fx: configured_tracer(fx, proxy_buffer_attributes=True))),
+    Entry("tracer_param_shapes_constant", _case(
+        root=lambda fx: ParamShapes(), inputs=lambda fx: (_r(3, 4),),
+        make_tracer=lambda fx: (lambda: fx.Tracer(param_shapes_constant=True)))),
+    Entry("tracer_param_shapes_dynamic", _module(ParamShapes, (3, 4))),
+    Entry("tracer_traced_func_name", _entry_point_case),
     # operators, attributes, methods, indexing
     Entry("binary_operators", _fn(binary_operators, (3, 3), (3, 3))),
     Entry("reflected_operators", _fn(reflected_operators, (3,))),
@@ -951,6 +1021,15 @@ LIMITATIONS: list[Entry] = [
     Entry("flag_without_concrete_args", _case(root=lambda fx: flag_without_concrete,
                                               inputs=lambda fx: (_r(3), True))),
     Entry("assert_on_proxy", _fn(assert_on_proxy, (3,))),
+    Entry("check_mutable_operations", _case(
+        root=lambda fx: mutating_fn, inputs=lambda fx: (_r(3),),
+        make_tracer=lambda fx: configured_tracer(fx, check_mutable_operations=True))),
+    Entry("buffer_slice_without_proxy_buffers", _module(BufferSlice, (2, 5, 5))),
+    # torch 2.13 only recognises the assert bytecode of Python <= 3.10 (POP_JUMP_IF_TRUE), so on
+    # 3.11+ trace_asserts still ends in the control-flow TraceError.
+    Entry("trace_asserts_py311", _case(
+        root=lambda fx: traced_assert, inputs=lambda fx: (_r(3),),
+        make_tracer=lambda fx: configured_tracer(fx, trace_asserts=True))),
 ]
 
 

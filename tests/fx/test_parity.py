@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import functools
 import importlib
+import re
 
 import pytest
 import torch
@@ -49,6 +50,17 @@ def trace_case(fx, case: Case):
     tracer = case.make_tracer()
     graph = tracer.trace(case.root, concrete_args=case.concrete_args)
     return fx.GraphModule(tracer.root, graph, _root_name(case.root))
+
+
+def retrace(fx, case: Case, gm):
+    """Trace a GraphModule again with the case's tracer (its entry point is ``forward``)."""
+    def make_tracer():
+        tracer = case.make_tracer() if case.make_tracer else fx.Tracer()
+        tracer.traced_func_name = "forward"
+        return tracer
+
+    return trace_case(fx, dataclasses.replace(case, root=gm, concrete_args=None,
+                                              make_tracer=make_tracer))
 
 
 @functools.lru_cache(maxsize=None)
@@ -216,7 +228,7 @@ def test_graph_module_state(name):
 @pytest.mark.parametrize("name", IDS)
 def test_numerics_against_original(name):
     case, ours = traced(ours_fx_name(), name)
-    expected = run(case.root, case)
+    expected = run(case.reference or case.root, case)
     actual = run(ours, case)
     assert_same_value(expected, actual)
 
@@ -226,8 +238,8 @@ def test_retrace_is_stable(name):
     """Tracing our GraphModule again yields the same code (GraphModules are traceable)."""
     (theirs_case, theirs), (ours_case, ours) = pair(name)
     ours_fx = import_ours_fx()
-    expected = trace_case(torch.fx, dataclasses.replace(theirs_case, root=theirs, concrete_args=None))
-    actual = trace_case(ours_fx, dataclasses.replace(ours_case, root=ours, concrete_args=None))
+    expected = retrace(torch.fx, theirs_case, theirs)
+    actual = retrace(ours_fx, ours_case, ours)
     assert_same_text(expected.code, actual.code, "retraced gm.code")
 
 
@@ -277,3 +289,40 @@ def test_seed_len_message():
         "'len' is not supported in symbolic tracing by default. If you want this call to be "
         "recorded, please call torch.fx.wrap('len') at module scope"
     )
+
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line \d+, in .*$')
+
+
+def user_frames(stack_trace) -> str:
+    """A stack trace with the tracer's own frames (torch/fx or exportir/fx) removed."""
+    if stack_trace is None:
+        return "None"
+    out, keep = [], True
+    for line in stack_trace.splitlines():
+        m = _FRAME.match(line)
+        if m:
+            keep = not re.search(r"[/\\](torch|exportir)[/\\]fx[/\\]", m.group("file"))
+        if keep:
+            out.append(line)
+    return "\n".join(out)
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_stack_traces(name):
+    """With ``record_stack_traces`` both tracers attribute every node to the same user frames."""
+
+    def with_stack_traces(fx, case):
+        def make_tracer():
+            tracer = case.make_tracer() if case.make_tracer else fx.Tracer()
+            tracer.record_stack_traces = True
+            return tracer
+
+        return trace_case(fx, dataclasses.replace(case, make_tracer=make_tracer))
+
+    ours_fx = import_ours_fx()
+    theirs = with_stack_traces(torch.fx, build(ENTRY_BY_NAME[name], torch.fx))
+    ours = with_stack_traces(ours_fx, build(ENTRY_BY_NAME[name], ours_fx))
+    for e, a in zip(theirs.graph.nodes, ours.graph.nodes):
+        assert_same_text(user_frames(e.stack_trace), user_frames(a.stack_trace),
+                         f"stack_trace of {e.name}")

@@ -259,6 +259,12 @@ class Interpreter:
                 pass  # the generic walk below raises the descriptive error
         elif kind == CONST:
             return node.args, node.kwargs
+        else:
+            lookup = self.env.__getitem__
+            try:
+                return map_arg(node.args, lookup), map_arg(node.kwargs, lookup)
+            except KeyError:
+                pass
         return self.fetch_args_kwargs_from_env(node)
 
     def boxed_run(self, args_list: list[Any]) -> Any:

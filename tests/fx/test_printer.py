@@ -14,8 +14,21 @@ import torch.fx.node as tnode
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exportir.fx import printer
+from exportir.fx import printer as our_printer
 from test_codegen import BUILDERS, ours, user_fn
+
+
+class _TorchPrinter:
+    """torch.fx's spelling of the printer helpers (for sanity mode, EXPORTIR_FX_IMPL=torch.fx)."""
+
+    _get_qualified_name = staticmethod(tnode._get_qualified_name)
+    _type_repr = staticmethod(tnode._type_repr)
+    _format_arg = staticmethod(tnode._format_arg)
+    pretty_print_target = staticmethod(torch.fx.Node._pretty_print_target)
+    format_tabular = staticmethod(our_printer.format_tabular)  # torch has no counterpart
+
+
+printer = _TorchPrinter if ours is torch.fx else our_printer
 
 
 try:
@@ -168,16 +181,17 @@ def test_type_repr_matches_torch(obj):
     assert printer._type_repr(obj) == tnode._type_repr(obj)
 
 
+def _format_arg_samples(fx):
+    g = fx.Graph()
+    x = g.placeholder("x")
+    return [(x, 1, [x, 2.5, "s"], (x,), {"k": x, 3: (x, None)}, list(range(7)), ())]
+
+
 @pytest.mark.parametrize("max_len", [math.inf, 0, 1, 2, 5])
 def test_format_arg_matches_torch(max_len):
-    for fx in (torch.fx, ours):
-        g = fx.Graph()
-        x = g.placeholder("x")
-        args = [(x, 1, [x, 2.5, "s"], (x,), {"k": x, 3: (x, None)}, list(range(7)), ())]
-        if fx is torch.fx:
-            theirs = [tnode._format_arg(a, max_len) for a in args] + [tnode._format_arg(args)]
-        else:
-            mine = [printer._format_arg(a, max_len) for a in args] + [printer._format_arg(args)]
+    mine_args, their_args = _format_arg_samples(ours), _format_arg_samples(torch.fx)
+    mine = [printer._format_arg(a, max_len) for a in mine_args] + [printer._format_arg(mine_args)]
+    theirs = [tnode._format_arg(a, max_len) for a in their_args] + [tnode._format_arg(their_args)]
     assert mine == theirs
 
 

@@ -112,7 +112,8 @@ def map_aggregate(a: ArgumentT, fn: Callable[[Argument], Argument]) -> ArgumentT
         )
     if isinstance(a, tuple):
         items = [map_aggregate(x, fn) for x in a]
-        return cls(*items) if hasattr(a, "_fields") else cls(items)  # type: ignore[return-value]
+        # namedtuples keep their type; other tuple subclasses (torch.Size, structseqs) do not
+        return cls(*items) if hasattr(a, "_fields") else tuple(items)  # type: ignore[return-value]
     if isinstance(a, list):
         return immutable_list([map_aggregate(x, fn) for x in a])  # type: ignore[return-value]
     if isinstance(a, dict):

@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(PY) -m exportir.demo
 
 test: $(STAMP)
-	$(PY) -m pytest -n 2 tests
+	$(PY) -m pytest -q -n 2 tests
 
 bench: $(STAMP)
 	$(PY) benchmarks/fx_bench.py

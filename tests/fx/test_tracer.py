@@ -949,3 +949,30 @@ def test_deepcopy_tracer():
     assert t2._autowrap_search == t._autowrap_search
     assert t2._autowrap_search[0] is math
 
+
+
+def test_gc_state_restored_after_trace():
+    import gc
+
+    assert gc.isenabled()
+    fx.symbolic_trace(Nested())
+    assert gc.isenabled()
+    with pytest.raises(Exception):
+        fx.symbolic_trace(f_bool)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        fx.symbolic_trace(f_torch_calls)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_data_dependent_error_carries_partial_graph():
+    def f(x):
+        y = x + 1
+        raise RuntimeError("data-dependent expression on a traced value")
+
+    with pytest.raises(RuntimeError) as info:
+        fx.symbolic_trace(f)
+    assert "add = x + 1" in info.value.partial_fx_graph

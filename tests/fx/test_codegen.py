@@ -7,10 +7,13 @@ behaviour of the generated code is checked by executing it.
 Sanity mode: ``EXPORTIR_FX_IMPL=torch.fx`` runs the graph-level cases with torch.fx on both sides.
 """
 
+# ruff: noqa: UP006, UP007, UP045, S102  # the typing spellings are under test; exec runs generated code
+
 from __future__ import annotations
 
 import collections
 import enum
+import importlib
 import math
 import operator
 import typing
@@ -19,11 +22,8 @@ import pytest
 import torch
 import torch.fx
 import torch.utils._pytree as torch_pytree
-from torch.fx.passes.shape_prop import TensorMetadata
-
-import importlib
-
 from conftest import import_ours_fx
+from torch.fx.passes.shape_prop import TensorMetadata
 
 ours = import_ours_fx()
 ours_graph = importlib.import_module(f"{ours.__name__}.graph")
@@ -514,9 +514,10 @@ def test_pytree_codegen_runs():
 
 
 def test_format_target_and_snake_case():
-    from exportir.fx.codegen import _format_target, _is_magic, _snake_case
     from torch.fx.graph import _format_target as t_format_target
     from torch.fx.graph import _snake_case as t_snake_case
+
+    from exportir.fx.codegen import _format_target, _is_magic, _snake_case
 
     for target in ["a", "a.b", "layers.0.weight", "x.not-ident.y", "0"]:
         assert _format_target("self", target) == t_format_target("self", target)
@@ -526,8 +527,9 @@ def test_format_target_and_snake_case():
 
 
 def test_operator_tables_match_torch():
-    from exportir.fx import codegen
     from torch.fx import graph as tgraph
+
+    from exportir.fx import codegen
 
     assert codegen.magic_methods == tgraph.magic_methods
     assert codegen.reflectable_magic_methods == tgraph.reflectable_magic_methods
@@ -541,15 +543,17 @@ def test_operator_tables_match_torch():
      torch.ops.aten.add.Tensor, torch, typing.List, torch._dynamo if hasattr(torch, "_dynamo") else None],
 )
 def test_is_from_torch(obj):
-    from exportir.fx.codegen import _is_from_torch
     from torch.fx.graph import _is_from_torch as t_is_from_torch
+
+    from exportir.fx.codegen import _is_from_torch
 
     assert _is_from_torch(obj) == t_is_from_torch(obj)
 
 
 def test_parse_stack_trace():
-    from exportir.fx.codegen import _parse_stack_trace
     from torch.fx.graph import _parse_stack_trace as t_parse
+
+    from exportir.fx.codegen import _parse_stack_trace
 
     trace = (
         'Traceback (most recent call last):\n'

@@ -1,6 +1,8 @@
 """The FX text format: ``str(graph)``, ``Node.format_node``, ``print_tabular`` and the naming
 helpers, compared with torch.fx 2.13 (and with ``tabulate`` for the table layout)."""
 
+# ruff: noqa: UP006, UP045  # the typing spellings are under test
+
 from __future__ import annotations
 
 import math
@@ -13,9 +15,9 @@ import torch.fx
 import torch.fx.node as tnode
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_codegen import BUILDERS, ours, user_fn
 
 from exportir.fx import printer as our_printer
-from test_codegen import BUILDERS, ours, user_fn
 
 
 class _TorchPrinter:
@@ -141,7 +143,7 @@ def _lam():
     return lambda x: x
 
 
-qualified_lambda = lambda x: x  # noqa: E731
+qualified_lambda = lambda x: x
 
 
 QUALIFIED = [

@@ -257,7 +257,7 @@ class CodeGen:
     """
 
     # Printer of symbolic values in verbose annotations (swapped by ``_override_sym_repr``).
-    _sym_repr: Callable[[Any], str] = lambda x: repr(x)  # noqa: E731
+    _sym_repr: Callable[[Any], str] = lambda x: repr(x)
 
     def __init__(self) -> None:
         self._body_transformer: TransformCodeFunc | None = None
@@ -821,7 +821,7 @@ class _Emitter:
     def _emit_placeholder(self, node: Any, ann: str, desc: Any) -> None:
         target = node.target
         if not isinstance(target, str):
-            raise AssertionError(f"Expected node.target to be str, got {type(target)}")
+            raise AssertionError(f"Expected node.target to be str, got {type(target)}")  # noqa: TRY004  # torch.fx's exception type
         default = f" = {self.repr_arg(node.args[0])}" if node.args else ""
         comment = f"  # {desc}" if desc is not None else ""
         self.free_vars.append(f"{target}{ann}{default}{comment}")
@@ -832,7 +832,7 @@ class _Emitter:
 
     def _emit_call_method(self, node: Any, ann: str, desc: Any) -> None:
         if not isinstance(node.target, str):
-            raise AssertionError(
+            raise AssertionError(  # noqa: TRY004  # torch.fx's exception type
                 f"Expected node.target to be str for call_method, got {type(node.target)}"
             )
         name = self.name_of(node)
@@ -857,7 +857,7 @@ class _Emitter:
     def _emit_call_function(self, node: Any, ann: str, desc: Any) -> None:
         target = node.target
         if not callable(target):
-            raise AssertionError(f"Expected node.target to be callable, got {type(target)}")
+            raise AssertionError(f"Expected node.target to be callable, got {type(target)}")  # noqa: TRY004  # torch.fx's exception type
         try:
             plan = self.function_plans.get(target) or self._plan_for(target)
         except TypeError:  # unhashable callable: no caching
@@ -884,7 +884,7 @@ class _Emitter:
 
     def _emit_call_module(self, node: Any, ann: str, desc: Any) -> None:
         if not isinstance(node.target, str):
-            raise AssertionError(
+            raise AssertionError(  # noqa: TRY004  # torch.fx's exception type
                 f"Expected node.target to be str for call_module, got {type(node.target)}"
             )
         name = self.name_of(node)
@@ -893,7 +893,7 @@ class _Emitter:
 
     def _emit_get_attr(self, node: Any, ann: str, desc: Any) -> None:
         if not isinstance(node.target, str):
-            raise AssertionError(
+            raise AssertionError(  # noqa: TRY004  # torch.fx's exception type
                 f"Expected node.target to be str for get_attr, got {type(node.target)}"
             )
         name = self.name_of(node)
@@ -917,7 +917,8 @@ class _Emitter:
         if op == "output" or not dead:
             self.body.append("\n")
             return
-        names = [self.names.get(n) or self.name_of(n) for n in dead]
+        known = self.names
+        names = [known.get(n) or self.name_of(n) for n in dead]
         names.append("None")
         self.body.append(f";  {self.dim(' = '.join(names))}\n")
 
@@ -934,11 +935,12 @@ class _Emitter:
                 "_rf = torch._C._profiler._RecordFunctionFast('## ENTER_GRAPH_PLACEHOLDER_KEY ##');"
                 " _rf.__enter__()\n"
             )
+        verbose, record_func = opts.verbose, opts.record_func
         for i, node in enumerate(nodes):
-            if opts.verbose:
+            if verbose:
                 self.append_stacktrace_summary(node)
             starts.append(len(body))  # node i's text starts here (torch marks it "# COUNTER: i")
-            record = opts.record_func and node.op in _RECORDED_OPS
+            record = record_func and node.op in _RECORDED_OPS
             if record:
                 body.append(
                     f"_rf_{node.name} = torch._C._profiler._RecordFunctionFast('## {i} ##');"
@@ -1032,22 +1034,16 @@ def _line_map(body: list[str], starts: list[int], first_line: int) -> dict[int, 
     """
     if any(s and not body[s - 1].endswith("\n") for s in starts):
         return None
-    lineno_map: dict[int, int | None] = {}
-    line = first_line
-    current: int | None = None
-    node_iter = iter(enumerate(starts))
-    upcoming = next(node_iter, None)
-    for pos, chunk in enumerate(body):
-        while upcoming is not None and upcoming[1] == pos:
-            current = upcoming[0]
-            upcoming = next(node_iter, None)
-        for _ in range(chunk.count("\n")):
-            lineno_map[line] = current
-            line += 1
-    if starts:
-        current = len(starts) - 1  # nodes whose (empty) text starts at the very end
-    lineno_map[line] = current  # the final (partial or empty) line
-    return lineno_map
+    bounds = [*starts, len(body)]
+    owners: list[int | None] = [None] * "".join(body[: bounds[0]]).count("\n")
+    for i in range(len(starts)):
+        lo, hi = bounds[i], bounds[i + 1]
+        if hi - lo == 1:
+            owners += [i] * body[lo].count("\n")
+        elif hi > lo:
+            owners += [i] * "".join(body[lo:hi]).count("\n")
+    owners.append(len(starts) - 1 if starts else None)  # the final (partial or empty) line
+    return dict(zip(range(first_line, first_line + len(owners)), owners))
 
 
 def _strip_counters(body: list[str], first_line: int) -> tuple[str, dict[int, int | None]]:

@@ -59,9 +59,9 @@ def _find_module_of_method(orig_method: Callable[..., Any]) -> str:
 def _is_tensor_method(func: Any) -> bool:
     """True for methods of ``torch.Tensor`` (C descriptors or Python methods of ``torch._tensor``)."""
     name = func.__name__
-    if isinstance(func, (types.MethodDescriptorType, types.WrapperDescriptorType)):
-        if func is getattr(torch.Tensor, name, None):
-            return True
+    descriptor = isinstance(func, (types.MethodDescriptorType, types.WrapperDescriptorType))
+    if descriptor and func is getattr(torch.Tensor, name, None):
+        return True
     return func.__module__ == "torch._tensor" and func.__qualname__ == f"Tensor.{name}"
 
 
@@ -205,7 +205,7 @@ def _tensor_metadata_annotation(node: Any) -> str | None:
 def _format_placeholder(node: Any, placeholder_names: list[str] | None) -> str | None:
     target = node.target
     if not isinstance(target, str):
-        raise AssertionError(f"Expected target to be str for placeholder, got {type(target)}")
+        raise AssertionError(f"Expected target to be str for placeholder, got {type(target)}")  # noqa: TRY004  # torch.fx's exception type
     # torch.fx 2.13 repeats the name when the placeholder is typed ("xx: int"); kept verbatim.
     signature_entry = target + (target + f": {_type_repr(node.type)}" if node.type else "")
     if placeholder_names:

@@ -10,7 +10,6 @@ also carries a ``_sort_key`` tuple that orders nodes by position without walking
 from __future__ import annotations
 
 import operator
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional, TypeVar, Union
 
@@ -307,8 +306,7 @@ class Node:
         self._next._prepend(x)
 
     def _prepend(self, x: Node) -> None:
-        if x is self:
-            warnings.warn("Trying to prepend a node to itself. This behavior has no effect on the graph.")
+        if x is self:  # a no-op, silently, as in torch.fx
             return
         x._remove_from_list()
         before = self._prev

@@ -13,19 +13,18 @@ Functions wrapped with ``wrap`` are registered at the top level of this module w
 from __future__ import annotations
 
 import math
-import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 import torch.fx
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 import exportir.fx
-
-from corpus import fx_seed_wrapped  # noqa: F401  (registers its wraps at import)
+from corpus import fx_seed_wrapped
 
 
 @dataclass(frozen=True)
@@ -35,11 +34,11 @@ class Case:
     root: Callable[..., Any]
     inputs: tuple = ()
     kwinputs: dict = field(default_factory=dict)
-    concrete_args: Optional[dict] = None
+    concrete_args: dict | None = None
     # Builds the tracer instance to use; None means plain ``fx.symbolic_trace``.
-    make_tracer: Optional[Callable[[], Any]] = None
+    make_tracer: Callable[[], Any] | None = None
     # What the traced module must agree with numerically; None means ``root`` itself.
-    reference: Optional[Callable[..., Any]] = None
+    reference: Callable[..., Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -181,7 +180,7 @@ def seed_flag(x, flag):
 
 
 def seed_b_equals_true(a, b):
-    if b == True:  # noqa: E712  (the seed's spelling)
+    if b == True:
         return a
     else:
         return a * 2
@@ -377,7 +376,7 @@ class LSTMHead(nn.Module):
         self.fc = nn.Linear(5, 2)
 
     def forward(self, tokens):
-        out, (h, c) = self.lstm(self.emb(tokens))
+        out, (h, _c) = self.lstm(self.emb(tokens))
         return self.fc(out[:, -1]), h.squeeze(0)
 
 
@@ -528,7 +527,7 @@ class ConcreteFlag(nn.Module):
         return x
 
 
-def annotated_fn(x: torch.Tensor, y: int, z: "float" = 3.0) -> torch.Tensor:
+def annotated_fn(x: torch.Tensor, y: int, z: float = 3.0) -> torch.Tensor:
     return x * y + z
 
 
@@ -770,13 +769,13 @@ def unpack_and_getitem(x):
 
 
 def builtins_and_getattr(x):
-    y = getattr(x, "relu")()
+    y = x.relu()
     return y, x.shape[0] * 2, torch.float32, x.device
 
 
 def names_collide(x):
-    sum = x.sum()  # noqa: A001  (shadowing is deliberate: node names must dodge builtins)
-    max = torch.max(x)  # noqa: A001
+    sum = x.sum()
+    max = torch.max(x)
     add = torch.add(x, sum)
     add_1 = add + max
     return add_1 + torch.add(add, 1)

@@ -15,9 +15,8 @@ import types
 
 import pytest
 import torch.fx
-from torch.fx._compatibility import _BACK_COMPAT_OBJECTS
-
 from conftest import import_ours_fx, ours_fx_name
+from torch.fx._compatibility import _BACK_COMPAT_OBJECTS
 
 # Importing these fills the registry with everything torch.fx marks backward compatible.
 TORCH_FX_MODULES = {

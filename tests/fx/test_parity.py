@@ -22,11 +22,10 @@ import re
 import pytest
 import torch
 import torch.fx
-import torch.nn as nn
-
 from conftest import import_ours_fx, ours_fx_name
 from corpus import fx_models
 from corpus.fx_models import ENTRIES, LIMITATIONS, Case, Entry, build
+from torch import nn
 
 ENTRY_BY_NAME = fx_models.by_name(ENTRIES)
 IDS = [e.name for e in ENTRIES]
@@ -65,7 +64,7 @@ def retrace(fx, case: Case, gm):
                                               make_tracer=make_tracer))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def traced(impl: str, name: str):
     """(case, GraphModule) for one entry and one implementation, built once per session."""
     fx = importlib.import_module(impl)
@@ -343,7 +342,7 @@ def test_copy_roundtrip(name, how):
     (_, theirs), (case, ours) = pair(name)
     try:
         expected = _roundtrip(theirs, how)
-    except Exception as e:  # torch cannot copy this one: neither should we, the same way
+    except Exception as e:  # noqa: BLE001  (torch cannot copy it: ours must fail alike)
         with pytest.raises(type(e)):
             _roundtrip(ours, how)
         return

@@ -16,12 +16,11 @@ import warnings
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
-
 from conftest import import_ours_fx
 from corpus import fx_seed_wrapped
 from corpus.fx_models import TinyResNet
+from torch import nn
 
 fx = import_ours_fx()
 symbolic_trace = fx.symbolic_trace
@@ -156,7 +155,7 @@ def test_direct_graph_manipulation_add_to_mul():
     def transform(m: torch.nn.Module, tracer_class: type = fx.Tracer) -> torch.nn.Module:
         graph: fx.Graph = tracer_class().trace(m)
         for node in graph.nodes:
-            if node.op == "call_function":
+            if node.op == "call_function":  # noqa: SIM102  (the seed's code)
                 if node.target == torch.add:
                     node.target = torch.mul
         graph.lint()
@@ -402,7 +401,7 @@ def test_to_folder(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("foo", None)
     try:
-        from foo import Bar  # noqa: PLC0415  (the seed's import, resolved from tmp_path)
+        from foo import Bar
 
         y = Bar()
         inp = torch.randn(3)
@@ -693,7 +692,7 @@ def test_training_flag_gotcha_module():
 
 def test_symbolic_trace_concrete_args_bool():
     def f(a, b):
-        if b == True:  # noqa: E712  (the seed's spelling)
+        if b == True:
             return a
         else:
             return a * 2
@@ -738,7 +737,7 @@ def test_wrap_by_name_and_decorator():
 
     gm2 = fx.symbolic_trace(lambda x, y: my_decorated_function(x, y) + 1)
     calls = [n for n in gm2.graph.nodes if n.op == "call_function"]
-    assert [n.target for n in calls][0] is my_decorated_function
+    assert calls[0].target is my_decorated_function
     torch.testing.assert_close(gm2(x, y), x * x + y * y + 1)
 
 

@@ -326,3 +326,33 @@ def test_higher_order_operator_refuses_python_callables():
         messages.append(str(info.value))
     assert messages[0] == messages[1]
     assert "Unable to symbolically trace the HigherOrderOperator cond" in messages[1]
+
+
+def _relu_decomposition(x):
+    return (x > 0) * x
+
+
+def test_seed_decomposition_with_graph_appending_tracer():
+    """The spec's ``decompose`` example: rewrite F.relu through proxies on a new graph."""
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.relu(x) + 1
+
+    results = []
+    for impl in (torch.fx, fx):
+        graph = impl.Tracer().trace(M())
+        new_graph = impl.Graph()
+        env = {}
+        tracer = impl.proxy.GraphAppendingTracer(new_graph)
+        for node in graph.nodes:
+            if node.op == "call_function" and node.target is torch.nn.functional.relu:
+                args = [impl.Proxy(env[a.name], tracer) for a in node.args]
+                env[node.name] = _relu_decomposition(*args).node
+            else:
+                env[node.name] = new_graph.node_copy(node, lambda x: env[x.name])
+        results.append(impl.GraphModule(M(), new_graph))
+    assert results[1].code == results[0].code
+    assert rows(results[1].graph) == rows(results[0].graph)
+    x = torch.tensor([-1.0, 2.0])
+    torch.testing.assert_close(results[1](x), torch.tensor([1.0, 3.0]))

@@ -976,3 +976,16 @@ def test_data_dependent_error_carries_partial_graph():
     with pytest.raises(RuntimeError) as info:
         fx.symbolic_trace(f)
     assert "add = x + 1" in info.value.partial_fx_graph
+
+
+def test_forward_only_stack_traces():
+    class O(fx.Tracer):
+        record_stack_traces = True
+        _record_forward_stack_traces_only = True
+
+    g = O().trace(Nested())
+    traces = [n.stack_trace for n in g.nodes if n.stack_trace]
+    assert traces
+    for trace in traces:
+        names = [line.rsplit(" in ", 1)[-1] for line in trace.splitlines() if "File " in line]
+        assert set(names) == {"forward"}

@@ -388,20 +388,6 @@ class _TracePatches:
             self.patch(frame_dict, name, _create_wrapped_func(value))
 
 
-class _maybe_revert_all_patches:
-    """Run a block with the current trace's replacements undone (e.g. to call real code)."""
-
-    def __enter__(self) -> None:
-        self._patches = _current_patches
-        self._removed = None if self._patches is None else self._patches.revert_all_patches()
-
-    def __exit__(self, *exc: object) -> None:
-        if self._patches is None:
-            return
-        if self._patches.reapply_all_patches() is not self._removed:
-            raise AssertionError("CURRENT_PATCHER was changed during a revert_all_patches")
-
-
 class _GCPaused:
     """Pause the cyclic garbage collector for a block; restore its previous state on exit.
 

@@ -15,7 +15,6 @@ import operator
 import pytest
 import torch
 import torch.fx
-
 from conftest import import_ours_fx
 
 fx = import_ours_fx()
@@ -91,7 +90,7 @@ REFLECTABLE = [
 def test_binary_operator_records_operator_function(op):
     fn = getattr(operator, op)
     _, ours = assert_same(lambda a, b: fn(a, b))
-    node = [n for n in ours.nodes if n.op == "call_function"][0]
+    node = next(n for n in ours.nodes if n.op == "call_function")
     assert node.target is fn
     assert [a.name for a in node.args] == ["x0", "x1"]
 
@@ -100,7 +99,7 @@ def test_binary_operator_records_operator_function(op):
 def test_reflected_operator_swaps_operands(op):
     fn = getattr(operator, op)
     _, ours = assert_same(lambda a: fn(3, a), n_inputs=1)
-    node = [n for n in ours.nodes if n.op == "call_function"][0]
+    node = next(n for n in ours.nodes if n.op == "call_function")
     assert node.target is fn and node.args[0] == 3 and node.args[1].name == "x0"
 
 
@@ -232,7 +231,7 @@ def test_create_arg_lowering_table():
     p = fx.Proxy(g.placeholder("x"), tracer)
     assert tracer.create_arg((1, [p, {"k": p}])) == (1, [p.node, {"k": p.node}])
     assert tracer.create_arg(slice(p, 2, None)) == slice(p.node, 2, None)
-    assert tracer.create_arg(range(0, 3)) == range(0, 3)
+    assert tracer.create_arg(range(3)) == range(3)
     assert tracer.create_arg(Color.RED) is Color.RED
     assert tracer.create_arg(...) is ...
     assert tracer.create_arg(torch.float16) is torch.float16
@@ -350,7 +349,7 @@ def test_seed_decomposition_with_graph_appending_tracer():
                 args = [impl.Proxy(env[a.name], tracer) for a in node.args]
                 env[node.name] = _relu_decomposition(*args).node
             else:
-                env[node.name] = new_graph.node_copy(node, lambda x: env[x.name])
+                env[node.name] = new_graph.node_copy(node, lambda x, env=env: env[x.name])
         results.append(impl.GraphModule(M(), new_graph))
     assert results[1].code == results[0].code
     assert rows(results[1].graph) == rows(results[0].graph)

@@ -33,15 +33,15 @@ from exportir.fx.node import Argument, Node, Target, base_types
 from exportir.fx.operator_schemas import get_signature_for_torch_op
 
 __all__ = [
-    "TracerBase",
-    "GraphAppendingTracer",
-    "TraceError",
-    "Proxy",
-    "MetaProxy",
     "Attribute",
+    "GraphAppendingTracer",
+    "MetaProxy",
     "ParameterProxy",
+    "Proxy",
     "Scope",
     "ScopeContextManager",
+    "TraceError",
+    "TracerBase",
 ]
 
 log = logging.getLogger(__name__)
@@ -233,9 +233,9 @@ class TracerBase:
         args_ = self.create_arg(args)
         kwargs_ = self.create_arg(kwargs)
         if not isinstance(args_, tuple):
-            raise AssertionError(f"Expected args_ to be tuple, got {type(args_)}")
+            raise AssertionError(f"Expected args_ to be tuple, got {type(args_)}")  # noqa: TRY004  # torch.fx raises AssertionError
         if not isinstance(kwargs_, dict):
-            raise AssertionError(f"Expected kwargs_ to be dict, got {type(kwargs_)}")
+            raise AssertionError(f"Expected kwargs_ to be dict, got {type(kwargs_)}")  # noqa: TRY004  # as torch.fx
         node = self.create_node(kind, target, args_, kwargs_, name, type_expr)
         if proxy_factory_fn is None:
             return self.proxy(node)
@@ -550,7 +550,7 @@ class Proxy:
         for k, v in self.__dict__.items():
             try:
                 new_dict[k] = copy.deepcopy(v, memo)
-            except Exception:
+            except Exception:  # noqa: BLE001  # any deepcopy failure falls back to a shallow copy
                 log.warning(
                     "Shallow copy %s of Proxy because it cannot be deepcopied. "
                     "Proxy is created for node %s",
@@ -698,7 +698,7 @@ class ParameterProxy(Proxy):
     def __init__(self, tracer: TracerBase, node: Node, name: str, param: torch.nn.Parameter):
         super().__init__(node, tracer)
         if not isinstance(param, torch.nn.Parameter):
-            raise AssertionError(f"Expected Parameter, got {type(param)}")
+            raise AssertionError(f"Expected Parameter, got {type(param)}")  # noqa: TRY004  # as torch.fx
         self.param = param
         self.name = name
 

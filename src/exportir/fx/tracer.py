@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import chain
 from types import FunctionType, ModuleType
-from typing import Any, TypeVar
+from typing import Any, ClassVar
 
 import torch
 import torch.utils._pytree as torch_pytree
@@ -38,17 +38,15 @@ from exportir.fx.node import Argument, base_types
 from exportir.fx.proxy import ParameterProxy, Proxy, Scope, ScopeContextManager, TracerBase
 
 __all__ = [
-    "ProxyableClassMeta",
-    "Tracer",
-    "symbolic_trace",
-    "wrap",
     "PH",
     "PHBase",
     "PHWithMeta",
+    "ProxyableClassMeta",
+    "Tracer",
     "is_fx_tracing",
+    "symbolic_trace",
+    "wrap",
 ]
-
-_F = TypeVar("_F", bound=Callable[..., Any])
 
 HAS_VARSTUFF = inspect.CO_VARARGS | inspect.CO_VARKEYWORDS
 
@@ -227,7 +225,7 @@ def wrap(fn_or_name: Any) -> Any:
     as a decorator. Returns its argument unchanged.
     """
     if not callable(fn_or_name) and not isinstance(fn_or_name, str):
-        raise RuntimeError(
+        raise RuntimeError(  # noqa: TRY004  # torch.fx's error type
             "Unsupported type for global function! Must be either a callable or string name"
         )
     fn_name = fn_or_name if isinstance(fn_or_name, str) else fn_or_name.__name__
@@ -307,7 +305,7 @@ class _TracePatches:
         self._visited: set[int] = set()
         self._prior: _TracePatches | None = None
 
-    def __enter__(self) -> _TracePatches:
+    def __enter__(self) -> _TracePatches:  # noqa: PYI034  # not subclassed
         global _current_patches
         self._prior, _current_patches = _current_patches, self
         return self
@@ -423,7 +421,7 @@ def _patch_function(fn: FunctionType, nargs: int) -> FunctionType:
 # --------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _accepts_proxy_factory(create_proxy: Callable[..., Any]) -> bool:
     """Whether a (possibly overridden) ``create_proxy`` function takes ``proxy_factory_fn``."""
     return "proxy_factory_fn" in inspect.signature(create_proxy).parameters
@@ -452,7 +450,7 @@ class Tracer(TracerBase):
     ``getattr``, ``create_proxy`` ... to change what gets recorded.
     """
 
-    _qualname_counter: dict[str, int] = collections.defaultdict(int)
+    _qualname_counter: ClassVar[dict[str, int]] = collections.defaultdict(int)
 
     def __init__(
         self,
@@ -571,7 +569,7 @@ class Tracer(TracerBase):
         """Leaf modules appear as ``call_module`` nodes: by default those defined in
         ``torch.nn`` / ``torch.ao.nn``, except ``Sequential``."""
         module = m.__module__
-        from_torch_nn = module.startswith("torch.nn") or module.startswith("torch.ao.nn")
+        from_torch_nn = module.startswith(("torch.nn", "torch.ao.nn"))
         return from_torch_nn and not isinstance(m, torch.nn.Sequential)
 
     def path_of_module(self, mod: torch.nn.Module) -> str:
@@ -710,7 +708,7 @@ class Tracer(TracerBase):
             out_args, out_spec = pytree.tree_flatten(tree_out)
             codegen = self.graph._codegen
             if not isinstance(codegen, _PyTreeCodeGen):
-                raise AssertionError(
+                raise AssertionError(  # noqa: TRY004  # torch.fx's error type
                     f"Expected _codegen to be _PyTreeCodeGen, got {type(codegen)}"
                 )
             codegen.pytree_info = codegen.pytree_info._replace(out_spec=out_spec)
@@ -802,7 +800,7 @@ class Tracer(TracerBase):
         fn = self._setup_root(root)
         self._new_graph(fn)
         if not isinstance(fn, FunctionType):
-            raise AssertionError(f"Expected FunctionType, got {type(fn)}")
+            raise AssertionError(f"Expected FunctionType, got {type(fn)}")  # noqa: TRY004  # as torch.fx
         fn_globals = fn.__globals__  # read before create_args_for_root may patch fn
         fn, args = self.create_args_for_root(fn, isinstance(root, torch.nn.Module), concrete_args)
         self._run(fn, args, fn_globals)

@@ -37,3 +37,20 @@ def import_ours_fx():
 @pytest.fixture(scope="session")
 def ours_fx():
     return import_ours_fx()
+
+
+# The one intended difference between our generated code and torch.fx's: the line that
+# re-registers a wrapped function. torch.fx writes ``torch.fx._symbolic_trace.wrap("f")``, which
+# would register ``f`` with torch.fx's tracer when the code runs; we write ``exportir.fx.wrap("f")``.
+TORCH_WRAP_CALL = "torch.fx._symbolic_trace.wrap("
+OUR_WRAP_CALL = "exportir.fx.wrap("
+
+
+def torch_code_as_ours(text: str) -> str:
+    """torch.fx's generated code with its wrap lines spelled the way exportir.fx spells them.
+
+    In torch.fx-vs-torch.fx sanity mode (EXPORTIR_FX_IMPL=torch.fx) the text is unchanged.
+    """
+    if ours_fx_name() == "torch.fx":
+        return text
+    return text.replace(TORCH_WRAP_CALL, OUR_WRAP_CALL)

@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.fx
 import torch.utils._pytree as torch_pytree
-from conftest import import_ours_fx
+from conftest import TORCH_WRAP_CALL, import_ours_fx, torch_code_as_ours
 from torch.fx.passes.shape_prop import TensorMetadata
 
 ours = import_ours_fx()
@@ -271,17 +271,13 @@ def _global_names(pc) -> set[str]:
     return set(pc.globals)
 
 
-# torch.fx's own ``wrap`` is a torch object (spelled by its qualified name); ours is a global.
-_TORCH_WRAP = "torch.fx._symbolic_trace.wrap("
-
-
 def assert_same_code(theirs, mine):
+    # torch.fx's wrap lines name torch.fx itself (no global); ours name the ``exportir`` package.
     expected_globals = _global_names(theirs)
-    if _TORCH_WRAP in theirs.src:
-        expected_globals.add("wrap")
-    assert mine.src.replace(_TORCH_WRAP, "wrap(") == theirs.src.replace(_TORCH_WRAP, "wrap(")
-    mine_globals = _global_names(mine) | ({"wrap"} if _TORCH_WRAP in mine.src else set())
-    assert mine_globals == expected_globals
+    if TORCH_WRAP_CALL in theirs.src and ours is not torch.fx:
+        expected_globals.add("exportir")
+    assert mine.src == torch_code_as_ours(theirs.src)
+    assert _global_names(mine) == expected_globals
     assert mine._lineno_map == theirs._lineno_map
     assert mine._prologue_start == theirs._prologue_start
 
@@ -588,5 +584,6 @@ def test_unknown_op_raises():
 @pytest.mark.skipif(ours is torch.fx, reason="checks exportir's own wrap global")
 def test_wrapped_functions_use_our_wrap():
     pc = g_wrapped(ours).python_code("self")
-    assert 'wrap("test_codegen_user_fn")\nwrap("test_codegen_user_fn_1")\n' in pc.src
-    assert pc.globals["wrap"] is ours.wrap
+    expected = 'exportir.fx.wrap("test_codegen_user_fn")\nexportir.fx.wrap("test_codegen_user_fn_1")\n'
+    assert expected in pc.src
+    assert pc.globals["exportir"].fx.wrap is ours.wrap

@@ -17,7 +17,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import import_ours_fx
+from conftest import import_ours_fx, torch_code_as_ours
 from corpus import fx_seed_wrapped
 from corpus.fx_models import TinyResNet
 from torch import nn
@@ -532,7 +532,8 @@ def test_non_torch_functions_len_and_wrap():
     normalize = fx_seed_wrapped.normalize
     normalize(torch.rand(3, 4))
     traced = fx.symbolic_trace(normalize)
-    # torch 2.13 emits the wraps as `torch.fx._symbolic_trace.wrap(...)` lines and calls the
+    # torch 2.13 emits the wraps as `torch.fx._symbolic_trace.wrap(...)` lines; exportir.fx
+    # spells them `exportir.fx.wrap(...)` (see conftest.torch_code_as_ours). Both call the
     # global `math_sqrt` (the doc shows `import math` / `math.sqrt`).
     assert traced.code == gm_code("""
         def forward(self, x):
@@ -540,8 +541,8 @@ def test_non_torch_functions_len_and_wrap():
             sqrt = math_sqrt(len_1);  len_1 = None
             truediv = x / sqrt;  x = sqrt = None
             return truediv
-        """, head='\ntorch.fx._symbolic_trace.wrap("len")\n'
-                  'torch.fx._symbolic_trace.wrap("math_sqrt")\n\n')
+        """, head=torch_code_as_ours('\ntorch.fx._symbolic_trace.wrap("len")\n'
+                                     'torch.fx._symbolic_trace.wrap("math_sqrt")\n\n'))
     x = torch.rand(3, 4)
     torch.testing.assert_close(traced(x), x / math.sqrt(3))
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.fx
 import torch.nn.functional as F
-from conftest import import_ours_fx
+from conftest import import_ours_fx, torch_code_as_ours
 from torch import nn
 
 fx = import_ours_fx()
@@ -92,13 +92,9 @@ def assert_same_graph(g_theirs, g_ours):
     assert str(g_ours) == str(g_theirs)
 
 
-_WRAP_HEADER = "torch.fx._symbolic_trace.wrap("
-
-
 def same_code_body(theirs: str, ours: str) -> bool:
-    """Code equality up to the spelling of the ``wrap(...)`` header lines, which is codegen's
-    business and checked by ``test_parity.py::test_code_text``."""
-    return ours.replace(_WRAP_HEADER, "wrap(") == theirs.replace(_WRAP_HEADER, "wrap(")
+    """Code equality, with torch's wrap lines spelled the way ours are (see conftest)."""
+    return ours == torch_code_as_ours(theirs)
 
 
 def trace_both(root_factory, concrete_args=None, code=True):

@@ -955,12 +955,18 @@ class _Emitter:
         return self._finish()
 
     def _wrap_statements(self) -> str:
+        """Re-registration lines for wrapped functions, so retracing keeps them as leaves.
+
+        torch.fx writes ``torch.fx._symbolic_trace.wrap("f")``; running that would register
+        ``f`` with torch.fx's tracer, not ours, so we write ``exportir.fx.wrap("f")`` instead.
+        This is the one intended difference between our generated code and torch's.
+        """
         if not self.wrapped_fns:
             return ""
-        from exportir.fx.tracer import wrap
+        import exportir
 
-        wrap_name = self.add_global("wrap", wrap)
-        return "\n".join(f'{wrap_name}("{name}")' for name in self.wrapped_fns)
+        package = self.add_global("exportir", exportir)
+        return "\n".join(f'{package}.fx.wrap("{name}")' for name in self.wrapped_fns)
 
     def _finish(self) -> PythonCode:
         codegen = self.codegen

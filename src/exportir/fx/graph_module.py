@@ -21,6 +21,7 @@ import itertools
 import linecache
 import sys
 import traceback
+import types
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
@@ -203,6 +204,8 @@ def _format_import_statement(name: str, obj: object, importer: Importer) -> str:
     builtin = _custom_builtins.get(name)
     if builtin is not None:
         return builtin.import_str
+    if isinstance(obj, types.ModuleType):  # e.g. ``exportir`` for wrapped-function lines
+        return f"import {obj.__name__}" if obj.__name__ == name else f"import {obj.__name__} as {name}"
     module_name, attr_name = importer.get_name(obj)
     return f"from {module_name} import {attr_name} as {name}"
 

@@ -15,6 +15,8 @@ import operator
 import pytest
 import torch
 import torch.fx
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from conftest import import_ours_fx
 
 fx = import_ours_fx()
@@ -41,7 +43,8 @@ def build_both(body, n_inputs=2):
     graphs = []
     for impl in (torch.fx, fx):
         g = impl.Graph()
-        proxies = [impl.Proxy(g.placeholder(f"x{i}")) for i in range(n_inputs)]
+        tracer = impl.proxy.GraphAppendingTracer(g)
+        proxies = [impl.Proxy(g.placeholder(f"x{i}"), tracer) for i in range(n_inputs)]
         out = body(*proxies)
         g.output(out.node if isinstance(out, impl.Proxy) else _nodes(out, impl))
         graphs.append(g)
@@ -355,3 +358,40 @@ def test_seed_decomposition_with_graph_appending_tracer():
     assert rows(results[1].graph) == rows(results[0].graph)
     x = torch.tensor([-1.0, 2.0])
     torch.testing.assert_close(results[1](x), torch.tensor([1.0, 3.0]))
+
+
+# --------------------------------------------------------------------------------------------
+# Randomized: any chain of recordable operations builds the same graph as torch.fx.
+
+
+_STEPS = {
+    "add": lambda a, b: a + b,
+    "radd": lambda a, b: 2 + a,
+    "rsub": lambda a, b: 1.5 - b,
+    "mul": lambda a, b: a * b,
+    "neg": lambda a, b: -a,
+    "relu": lambda a, b: torch.relu(a),
+    "sum_dim": lambda a, b: a.sum(dim=0, keepdim=True),
+    "getitem": lambda a, b: a[0:2],
+    "shape": lambda a, b: a.shape[0] + b,
+    "view": lambda a, b: a.view(-1),
+    "cat": lambda a, b: torch.cat([a, b], dim=-1),
+    "where": lambda a, b: torch.where(a > b, a, b),
+    "method_kw": lambda a, b: a.softmax(dim=-1),
+    "pow": lambda a, b: a**2,
+    "rpow": lambda a, b: 2**a,
+    "matmul": lambda a, b: a @ b,
+    "max": lambda a, b: torch.max(a, b),
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(sorted(_STEPS)), st.booleans()), max_size=12))
+def test_random_operation_chains_match_torch(steps):
+    def body(a, b):
+        for name, swap in steps:
+            x, y = (b, a) if swap else (a, b)
+            a, b = _STEPS[name](x, y), a
+        return a, b
+
+    assert_same(body)

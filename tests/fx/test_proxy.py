@@ -15,9 +15,9 @@ import operator
 import pytest
 import torch
 import torch.fx
+from conftest import import_ours_fx
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from conftest import import_ours_fx
 
 fx = import_ours_fx()
 proxy_mod = importlib.import_module(f"{fx.__name__}.proxy")

@@ -14,6 +14,7 @@ import collections
 import copy
 import dis
 import enum
+import functools
 import linecache
 import logging
 import operator
@@ -430,17 +431,11 @@ class TraceError(ValueError):
 # Bytecode inspection of the caller (``__iter__`` unpacking, traced asserts)
 # --------------------------------------------------------------------------------------------
 
-_INSTRUCTIONS: dict[types.CodeType, tuple[list[dis.Instruction], dict[int, int]]] = {}
-
-
+@functools.lru_cache(maxsize=256)
 def _instructions(code: types.CodeType) -> tuple[list[dis.Instruction], dict[int, int]]:
-    """The code's instructions and an offset -> index map (cached per code object)."""
-    cached = _INSTRUCTIONS.get(code)
-    if cached is None:
-        insts = list(dis.get_instructions(code))
-        cached = (insts, {inst.offset: i for i, inst in enumerate(insts)})
-        _INSTRUCTIONS[code] = cached
-    return cached
+    """The code's instructions and an offset -> index map (bounded cache per code object)."""
+    insts = list(dis.get_instructions(code))
+    return insts, {inst.offset: i for i, inst in enumerate(insts)}
 
 
 def _current_instruction(frame: types.FrameType) -> tuple[list[dis.Instruction], int]:
@@ -489,8 +484,6 @@ def _collect_tracers(a: Any, found: dict[Any, None], proxy_type: type) -> None:
 
 
 def _is_arbitrary_callable(obj: object) -> bool:
-    import functools
-
     kinds = (
         types.FunctionType,
         types.MethodType,

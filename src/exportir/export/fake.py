@@ -1,0 +1,292 @@
+"""Fake tensors: full tensor metadata, no data.
+
+A :class:`FakeTensor` is a wrapper subclass of ``torch.Tensor`` that reports the real device,
+dtype, shape and strides of the tensor it stands for, and keeps a twin tensor on the ``meta``
+device. Every ATen op that reaches it runs on the meta twins (the meta kernels compute output
+metadata) and the results are wrapped again. Sizes come from the twin, so once the twin carries
+``torch.SymInt`` sizes (our SymNode) the fake does too without changes here.
+
+:class:`FakeTensorMode` makes factory ops (``torch.zeros``, ``torch.arange``...) produce fakes
+and converts real tensors met inside the mode, through a memo, so one real tensor always maps to
+one fake.
+
+Ops whose result depends on tensor *data* (``.item()``, ``nonzero``, ``bool(t)``, ``tolist``)
+raise :class:`DataDependentError`, naming the user's line and the way out (``torch.cond``,
+``torch._check``).
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+
+aten = torch.ops.aten
+_META = torch.device("meta")
+_CPU = torch.device("cpu")
+
+
+class DataDependentError(RuntimeError):
+    """An op needs the value of a tensor, which capture does not have."""
+
+
+class MissingFakeImplError(RuntimeError):
+    """An op has no meta / fake implementation."""
+
+
+class FakeTensor(torch.Tensor):
+    """A tensor with metadata only; ``_meta`` holds the meta-device twin."""
+
+    _meta: torch.Tensor
+    fake_device: torch.device
+
+    @staticmethod
+    def __new__(cls, meta: torch.Tensor, device: torch.device, requires_grad: bool = False) -> FakeTensor:
+        out = torch.Tensor._make_wrapper_subclass(
+            cls,
+            meta.size(),
+            strides=meta.stride(),
+            storage_offset=meta.storage_offset(),
+            dtype=meta.dtype,
+            layout=meta.layout,
+            device=device,
+            requires_grad=requires_grad,
+        )
+        out._meta = meta
+        out.fake_device = device
+        return out
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__()
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        extra = "" if self.dtype == torch.get_default_dtype() else f", dtype={self.dtype}"
+        where = "" if self.fake_device == _CPU else f", device='{self.fake_device}'"
+        return f"FakeTensor(..., size={tuple(self.shape)}{extra}{where})"
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return run_fake(func, args, kwargs or {}, FakeConverter())
+
+    # A fake has no data: these Python entry points fail loudly instead of reading memory.
+    def tolist(self) -> Any:
+        raise data_dependent("Tensor.tolist()")
+
+    def numpy(self, *args: Any, **kwargs: Any) -> Any:
+        raise data_dependent("Tensor.numpy()")
+
+
+def meta_of(t: torch.Tensor) -> torch.Tensor:
+    """The meta twin of a fake tensor."""
+    return t._meta
+
+
+def user_frame() -> str:
+    """``file:line`` of the innermost frame outside torch and exportir, for error messages."""
+    for frame in reversed(traceback.extract_stack()):
+        if not _is_internal_file(frame.filename):
+            return f'File "{frame.filename}", line {frame.lineno}, in {frame.name}\n    {frame.line}'
+    return "<unknown location>"
+
+
+def _is_internal_file(filename: str) -> bool:
+    norm = filename.replace("\\", "/")
+    return "/torch/" in norm or "/exportir/" in norm or norm.startswith("<frozen")
+
+
+def data_dependent(what: str) -> DataDependentError:
+    return DataDependentError(
+        f"{what} needs the value of a tensor, which is not known while exporting "
+        f"(inputs are fake tensors: shapes and dtypes only).\n"
+        f"  {user_frame()}\n"
+        "Branching or computing on tensor data is not capturable: express data-dependent "
+        "control flow with torch.cond(pred, true_fn, false_fn, operands), and assert facts about "
+        "data-dependent sizes with torch._check(...). Full support for data-dependent values "
+        "comes with dynamic shapes."
+    )
+
+
+# --- conversion --------------------------------------------------------------------------
+
+
+class FakeConverter:
+    """Memoized real -> fake conversion (one fake per real tensor, kept alive with it)."""
+
+    __slots__ = ("_memo", "on_new_constant")
+
+    def __init__(self, on_new_constant: Callable[[torch.Tensor, FakeTensor], None] | None = None) -> None:
+        self._memo: dict[int, tuple[torch.Tensor, FakeTensor]] = {}
+        self.on_new_constant = on_new_constant
+
+    def register(self, real: torch.Tensor, fake: FakeTensor) -> None:
+        self._memo[id(real)] = (real, fake)
+
+    def lookup(self, real: torch.Tensor) -> FakeTensor | None:
+        hit = self._memo.get(id(real))
+        return hit[1] if hit is not None and hit[0] is real else None
+
+    def from_real(self, real: torch.Tensor, *, requires_grad: bool | None = None) -> FakeTensor:
+        if isinstance(real, FakeTensor):
+            return real
+        hit = self.lookup(real)
+        if hit is not None:
+            return hit
+        fake = fake_like(real, requires_grad=requires_grad)
+        self.register(real, fake)
+        if self.on_new_constant is not None:
+            self.on_new_constant(real, fake)
+        return fake
+
+
+def fake_like(real: torch.Tensor, *, requires_grad: bool | None = None) -> FakeTensor:
+    """A fresh fake with ``real``'s device, dtype, shape and strides."""
+    with _no_modes():
+        meta = torch.empty_strided(real.size(), real.stride(), dtype=real.dtype, device=_META)
+    grad = real.requires_grad if requires_grad is None else requires_grad
+    return FakeTensor(meta, real.device, requires_grad=grad)
+
+
+def fake_from_meta(meta: torch.Tensor, device: torch.device) -> FakeTensor:
+    return FakeTensor(meta, device)
+
+
+class _no_modes:
+    """Run a block with no dispatch mode active (used for meta computations)."""
+
+    __slots__ = ("_guard",)
+
+    def __enter__(self) -> None:
+        self._guard = torch._C._DisableTorchDispatch()
+        self._guard.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._guard.__exit__(*exc)
+
+
+# --- running an op on fakes --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Unwrapped:
+    args: Any
+    kwargs: Any
+    fakes: dict[int, FakeTensor]  # id(meta twin) -> fake, to give in-place results back
+    device: torch.device | None
+
+
+# ops that read tensor data: the message names what the user wrote
+DATA_DEPENDENT_OPS: dict[Any, str] = {
+    aten._local_scalar_dense.default: "Tensor.item() / int(t) / float(t) / bool(t)",
+    aten.is_nonzero.default: "bool(tensor)",
+    aten.equal.default: "torch.equal",
+    aten.nonzero.default: "torch.nonzero",
+    aten.masked_select.default: "torch.masked_select",
+    aten._unique2.default: "torch.unique",
+    aten.unique_dim.default: "torch.unique",
+    aten.unique_consecutive.default: "torch.unique_consecutive",
+    aten.repeat_interleave.Tensor: "torch.repeat_interleave with a tensor of repeats",
+    aten.allclose.default: "torch.allclose",
+}
+
+
+def run_fake(func: Any, args: tuple, kwargs: dict, converter: FakeConverter) -> Any:
+    """Run ``func`` on the meta twins of its fake arguments and wrap the results."""
+    what = DATA_DEPENDENT_OPS.get(func)
+    if what is not None:
+        raise data_dependent(what)
+    unwrapped = _unwrap(args, kwargs, converter)
+    out_device = _result_device(func, kwargs, unwrapped.device)
+    meta_out = _call_meta(func, unwrapped)
+    return _wrap(meta_out, unwrapped.fakes, out_device)
+
+
+def _unwrap(args: tuple, kwargs: dict, converter: FakeConverter) -> _Unwrapped:
+    fakes: dict[int, FakeTensor] = {}
+    devices: list[torch.device] = []
+
+    def to_meta(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            fake = x if isinstance(x, FakeTensor) else converter.from_real(x)
+            fakes[id(fake._meta)] = fake
+            if fake.dim() > 0 or not devices:
+                devices.append(fake.fake_device)
+            return fake._meta
+        if isinstance(x, torch.device):
+            return _META
+        return x
+
+    margs = tree_map(to_meta, args)
+    mkwargs = tree_map(to_meta, kwargs)
+    device = next((d for d in devices if d.type != "cpu"), devices[0] if devices else None)
+    return _Unwrapped(margs, mkwargs, fakes, device)
+
+
+def _result_device(func: Any, kwargs: dict, input_device: torch.device | None) -> torch.device:
+    requested = kwargs.get("device")
+    if requested is not None:
+        return torch.device(requested)
+    if input_device is not None:
+        return input_device
+    return _CPU
+
+
+def _call_meta(func: Any, u: _Unwrapped) -> Any:
+    with _no_modes():
+        try:
+            return func(*u.args, **u.kwargs)
+        except NotImplementedError as err:
+            return _fallback_meta(func, u, err)
+
+
+def _fallback_meta(func: Any, u: _Unwrapped, err: Exception) -> Any:
+    """No meta kernel: try the op's decomposition on meta, else say which fake impl is missing."""
+    from torch._decomp import decomposition_table
+
+    decomp = decomposition_table.get(func)
+    if decomp is not None:
+        return decomp(*u.args, **u.kwargs)
+    name = func.name() if hasattr(func, "name") else str(func)
+    raise MissingFakeImplError(
+        f"operator {name} has no fake (meta) implementation, so it cannot be exported.\n"
+        f"  {user_frame()}\n"
+        f"If it is a custom op, register one with @torch.library.register_fake(\"{name}\") "
+        "(a function computing the output's shape/dtype from the inputs').\n"
+        f"(underlying error: {str(err).splitlines()[0] if str(err) else type(err).__name__})"
+    ) from err
+
+
+def _wrap(meta_out: Any, fakes: dict[int, FakeTensor], device: torch.device) -> Any:
+    def wrap(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        same = fakes.get(id(x))  # in-place / out= ops hand back their argument
+        if same is not None:
+            return same
+        return FakeTensor(x, device)
+
+    return tree_map(wrap, meta_out)
+
+
+# --- the mode ----------------------------------------------------------------------------
+
+
+class FakeTensorMode(TorchDispatchMode):
+    """Inside this mode every op produces fakes; real tensors met are converted (memoized)."""
+
+    def __init__(self, converter: FakeConverter | None = None) -> None:
+        super().__init__()
+        self.converter = converter or FakeConverter()
+
+    def from_tensor(self, t: torch.Tensor, *, requires_grad: bool | None = None) -> FakeTensor:
+        return self.converter.from_real(t, requires_grad=requires_grad)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func in (aten.lift_fresh.default, aten.lift_fresh_copy.default):
+            return self.converter.from_real(args[0])
+        return run_fake(func, args, kwargs, self.converter)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 import typing
 
 import pytest
@@ -156,12 +157,17 @@ QUALIFIED = [
 ]
 
 
+def _stable_id(obj) -> str:
+    """A test id without memory addresses (pytest-xdist needs identical ids in every worker)."""
+    return re.sub(r" at 0x[0-9a-f]+", "", repr(obj))
+
+
 @pytest.mark.parametrize("func", QUALIFIED, ids=lambda f: getattr(f, "__name__", repr(f)))
 def test_get_qualified_name_matches_torch(func):
     assert printer._get_qualified_name(func) == tnode._get_qualified_name(func)
 
 
-@pytest.mark.parametrize("target", QUALIFIED + ["layers.0", "relu"], ids=repr)
+@pytest.mark.parametrize("target", QUALIFIED + ["layers.0", "relu"], ids=_stable_id)
 def test_pretty_print_target_matches_torch(target):
     assert printer.pretty_print_target(target) == torch.fx.Node._pretty_print_target(target)
 
@@ -178,7 +184,7 @@ TYPES = [
 ]
 
 
-@pytest.mark.parametrize("obj", TYPES, ids=repr)
+@pytest.mark.parametrize("obj", TYPES, ids=_stable_id)
 def test_type_repr_matches_torch(obj):
     assert printer._type_repr(obj) == tnode._type_repr(obj)
 

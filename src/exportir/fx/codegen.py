@@ -117,7 +117,7 @@ _custom_builtins: dict[str, _CustomBuiltin] = {}
 def _register_custom_builtin(name: str, import_str: str, obj: object) -> None:
     """Make ``name`` a global of all generated code; graph values may then not take that name."""
     _custom_builtins[name] = _CustomBuiltin(import_str, obj)
-    _namespace_mod._RESERVED[name] = obj
+    _namespace_mod.reserve_name(name, obj)
 
 
 _register_custom_builtin("inf", "from math import inf", math.inf)

@@ -20,7 +20,26 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exportir.fx.codegen import CodeGen, PythonCode, _PyTreeCodeGen, _PyTreeInfo  # noqa: F401  # torch.fx.graph re-exports the pytree codegen
+# torch.fx.graph exposes its codegen helpers; code written against it imports them from here.
+from exportir.fx.codegen import (  # noqa: F401
+    CodeGen,
+    PythonCode,
+    _BoxedCodeGen,
+    _custom_builtins,
+    _ExportCodeGen,
+    _format_target,
+    _is_from_torch,
+    _is_magic,
+    _override_sym_repr,
+    _parse_stack_trace,
+    _PyTreeCodeGen,
+    _PyTreeInfo,
+    _register_custom_builtin,
+    _snake_case,
+    inplace_methods,
+    magic_methods,
+    reflectable_magic_methods,
+)
 from exportir.fx.immutable_collections import immutable_dict
 from exportir.fx.namespace import _Namespace, is_magic, snake_case
 from exportir.fx.node import Argument, Node, Target, map_arg

@@ -11,12 +11,22 @@ import builtins
 import keyword
 import re
 
-__all__ = ["_Namespace", "snake_case", "is_magic"]
+__all__ = ["_Namespace", "snake_case", "is_magic", "reserve_name"]
 
 # Names a generated variable may not take: keywords and builtins. The value is the object that
 # legitimately owns the name (a builtin), or a fresh sentinel for keywords.
 _RESERVED: dict[str, object] = {k: object() for k in keyword.kwlist}
 _RESERVED.update(builtins.__dict__)
+
+
+
+def reserve_name(name: str, owner: object) -> None:
+    """Forbid generated values from taking ``name`` unless they are ``owner`` itself.
+
+    Used for the globals every generated function sees (``torch``, ``inf``, ``device``...).
+    """
+    _RESERVED[name] = owner
+
 
 _ILLEGAL_CHARS = re.compile("[^0-9a-zA-Z_]+")
 # identifier, split into a base and an optional ``_<digits>`` suffix

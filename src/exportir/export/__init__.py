@@ -1,0 +1,1 @@
+"""exportir.export: capture nn.Modules into ExportedPrograms (ATen dialect)."""

@@ -11,6 +11,7 @@ See benchmarks/README.md for what each row measures.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import operator
 import os
@@ -26,11 +27,10 @@ _SRC = Path(__file__).resolve().parent.parent / "src"
 if _SRC.is_dir():
     sys.path.insert(0, str(_SRC))
 
-import torch  # noqa: E402
-import torch.fx  # noqa: E402
-from torch import nn  # noqa: E402
-
-from _timing import Measurement, Workload, WrongResult, compare  # noqa: E402
+import torch
+import torch.fx
+from _timing import CLOCKS, Measurement, Workload, WrongResult, compare
+from torch import nn
 
 OURS, THEIRS = "exportir", "torch.fx"
 SCALE = 4  # the large size is SCALE x the main size
@@ -247,14 +247,18 @@ class Options:
     large_rounds: int
     budget: float
     timeout: float
+    clock: str = "cpu"
+    self_check: bool = False  # time torch.fx against itself: the noise floor
 
 
 def measure(bench: Benchmark, nodes: int, rounds: int, opts: Options) -> dict[str, Measurement]:
     makers = {
-        OURS: lambda: bench.make(import_ours(), nodes),
+        OURS: lambda: bench.make(torch.fx if opts.self_check else import_ours(), nodes),
         THEIRS: lambda: bench.make(torch.fx, nodes),
     }
-    return compare(makers, rounds=rounds, budget=opts.budget, timeout=opts.timeout)
+    return compare(
+        makers, rounds=rounds, budget=opts.budget, timeout=opts.timeout, clock=CLOCKS[opts.clock]
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,21 +362,27 @@ def summary_line(row: Row) -> str:
         failed = [f"{s}: {m.error}" for s, m in row.main.items() if m.error]
         return f"{verdict:5}  {row.bench.name}: " + "; ".join(failed or ["no measurement"])
     cmp = "<=" if r <= row.bench.target else ">"
-    return f"{verdict:5}  {row.bench.name}: ours/theirs {r:.2f} {cmp} {row.bench.target:.2f}"
+    return f"{verdict:5}  {row.bench.name}: ours/theirs {r:.3f} {cmp} {row.bench.target:.2f}"
 
 
 def header(opts: Options) -> str:
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (
+    aa = "SELF-CHECK: the exportir column is torch.fx too\n" if opts.self_check else ""
+    return aa + (
         f"exportir.fx vs torch.fx | torch {torch.__version__}, python {platform.python_version()}, "
         f"{os.cpu_count()} CPUs, load {load}\n"
-        f"best of {opts.rounds} interleaved rounds at {size_label(opts.nodes)} nodes, "
+        f"{opts.clock} time, best of {opts.rounds} interleaved rounds at "
+        f"{size_label(opts.nodes)} nodes, "
         f"{opts.large_rounds} at {size_label(opts.nodes * SCALE)}; "
         f"ratio ours/theirs < 1.0 means exportir is faster"
     )
 
 
 def run(selected: list[Benchmark], opts: Options) -> list[Row]:
+    # Import up front, outside any per-call timeout; import_ours() keeps a failure and
+    # re-raises it in every exportir cell.
+    with contextlib.suppress(Exception):
+        import_ours()
     rows = []
     large_nodes = opts.nodes * SCALE
     for bench in selected:
@@ -404,15 +414,39 @@ def parse_args(argv: list[str] | None) -> tuple[list[Benchmark], Options, bool]:
     names = [b.name for b in BENCHMARKS]
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smoke run: 1k/4k nodes, 2 rounds")
-    p.add_argument("--only", action="append", metavar="NAME", default=[],
-                   help=f"run only these (repeatable or comma-separated): {', '.join(names)}")
+    p.add_argument(
+        "--only",
+        action="append",
+        metavar="NAME",
+        default=[],
+        help=f"run only these (repeatable or comma-separated): {', '.join(names)}",
+    )
     p.add_argument("--nodes", type=int, help="main size in nodes (default 10000; quick 1000)")
     p.add_argument("--rounds", type=int, help="rounds at the main size (default 5; quick 2)")
     p.add_argument("--large-rounds", type=int, help="rounds at 4x size (default 3; quick 1)")
-    p.add_argument("--budget", type=float, default=30.0,
-                   help="stop repeating a side after this many seconds (default 30)")
-    p.add_argument("--timeout", type=float, default=300.0,
-                   help="per-call timeout in seconds, reported as an error (default 300)")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=30.0,
+        help="stop repeating a side after this many seconds (default 30)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="per-call timeout in seconds, reported as an error (default 300)",
+    )
+    p.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="cpu",
+        help="cpu: process CPU time (default, robust to a busy machine); wall: perf_counter",
+    )
+    p.add_argument(
+        "--self-check",
+        action="store_true",
+        help="run torch.fx in the exportir column too (A/A run; ratios show noise)",
+    )
     p.add_argument("--strict", action="store_true", help="exit 1 on any MISS or ERROR")
     a = p.parse_args(argv)
     wanted = [n for item in a.only for n in item.split(",") if n]
@@ -426,6 +460,8 @@ def parse_args(argv: list[str] | None) -> tuple[list[Benchmark], Options, bool]:
         large_rounds=a.large_rounds or (1 if a.quick else 3),
         budget=a.budget,
         timeout=a.timeout,
+        clock=a.clock,
+        self_check=a.self_check,
     )
     return selected, opts, a.strict
 

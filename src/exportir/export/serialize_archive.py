@@ -1,0 +1,224 @@
+"""The zip container: a manifest naming the format version and every member's size and SHA-256.
+
+Writing is deterministic (fixed timestamps, members stored uncompressed in a fixed order), so
+saving the same program twice gives identical bytes. Reading checks, before using a member:
+the member exists once, its compression is ``stored`` or ``deflate``, its size is within the
+limits (and, for ``deflate``, plausible for its compressed size), and its SHA-256 matches the
+manifest. Any failure of the zip layer becomes a :class:`SerializationError` naming the member.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import struct
+import zipfile
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import IO, Any, Self
+
+from exportir.export.serialize_common import (
+    FORMAT_MAJOR,
+    FORMAT_MINOR,
+    FORMAT_NAME,
+    LIMITS,
+    as_dict,
+    as_int,
+    as_list,
+    as_str,
+    check_keys,
+    dumps_json,
+    fail,
+    loads_json,
+)
+
+__all__ = ["MANIFEST", "Archive", "write_archive"]
+
+MANIFEST = "manifest.json"
+_EPOCH = (1980, 1, 1, 0, 0, 0)
+# Everything the zip layer may raise on a damaged file.
+_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, struct.error, ValueError,
+               NotImplementedError, KeyError, RuntimeError, OverflowError, IndexError,
+               UnicodeDecodeError)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _member(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
+    info = zipfile.ZipInfo(name, date_time=_EPOCH)
+    info.compress_type = zipfile.ZIP_STORED
+    info.external_attr = 0o644 << 16
+    zf.writestr(info, data)
+
+
+def write_archive(f: str | os.PathLike[str] | IO[bytes], members: Mapping[str, bytes],
+                  producer: Mapping[str, str]) -> None:
+    """Write ``manifest.json`` then ``members`` (in order) to the path or binary file ``f``."""
+    manifest = {
+        "format": FORMAT_NAME,
+        "version": [FORMAT_MAJOR, FORMAT_MINOR],
+        "producer": dict(producer),
+        "entries": {name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                    for name, data in members.items()},
+    }
+    target = os.fspath(f) if isinstance(f, (str, os.PathLike)) else f
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_STORED) as zf:
+        _member(zf, MANIFEST, dumps_json(manifest))
+        for name, data in members.items():
+            _member(zf, name, data)
+    if hasattr(f, "flush"):
+        f.flush()
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True, slots=True)
+class _Expected:
+    size: int
+    sha256: str
+
+
+def _check_version(manifest: dict[str, Any]) -> None:
+    fmt = as_str(manifest["format"], f"{MANIFEST}/format")
+    if fmt != FORMAT_NAME:
+        fail(f"{MANIFEST}/format", f"{fmt!r:.60} is not an exportir program ({FORMAT_NAME!r})")
+    version = as_list(manifest["version"], f"{MANIFEST}/version")
+    if len(version) != 2:
+        fail(f"{MANIFEST}/version", "expected [major, minor]")
+    major, minor = (as_int(v, f"{MANIFEST}/version/{i}", lo=0) for i, v in enumerate(version))
+    if major != FORMAT_MAJOR or minor > FORMAT_MINOR:
+        fail(f"{MANIFEST}/version", f"format version {major}.{minor} is not supported; this "
+             f"exportir reads {FORMAT_MAJOR}.0 to {FORMAT_MAJOR}.{FORMAT_MINOR} (save the program "
+             "again with this version, or upgrade exportir)")
+
+
+def _parse_entries(manifest: dict[str, Any]) -> dict[str, _Expected]:
+    where = f"{MANIFEST}/entries"
+    entries = as_dict(manifest["entries"], where)
+    if len(entries) > LIMITS.max_entries:
+        fail(where, f"{len(entries)} entries exceed the limit {LIMITS.max_entries}")
+    out: dict[str, _Expected] = {}
+    for name, raw in entries.items():
+        spec = as_dict(raw, f"{where}/{name}")
+        check_keys(spec, {"size", "sha256"}, set(), f"{where}/{name}")
+        size = as_int(spec["size"], f"{where}/{name}/size", lo=0, hi=LIMITS.max_entry_bytes)
+        digest = as_str(spec["sha256"], f"{where}/{name}/sha256")
+        if len(digest) != 64:
+            fail(f"{where}/{name}/sha256", "expected 64 hex digits")
+        out[name] = _Expected(size, digest)
+    return out
+
+
+class Archive:
+    """A zip opened for reading with the manifest already validated."""
+
+    __slots__ = ("_expected", "_zf", "producer")
+
+    def __init__(self, f: str | os.PathLike[str] | IO[bytes]) -> None:
+        source = os.fspath(f) if isinstance(f, (str, os.PathLike)) else _seekable(f)
+        try:
+            self._zf = zipfile.ZipFile(source, "r")
+        except FileNotFoundError:
+            raise
+        except _ZIP_ERRORS as e:
+            fail("archive", f"not a readable zip file ({type(e).__name__}: {e})")
+        self._check_members()
+        manifest = as_dict(loads_json(self._read(MANIFEST, None), MANIFEST), MANIFEST)
+        check_keys(manifest, {"format", "version", "producer", "entries"}, set(), MANIFEST)
+        _check_version(manifest)
+        self.producer = as_dict(manifest["producer"], f"{MANIFEST}/producer")
+        self._expected = _parse_entries(manifest)
+
+    def close(self) -> None:
+        self._zf.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_members(self) -> None:
+        infos = self._zf.infolist()
+        if len(infos) > LIMITS.max_entries + 1:
+            fail("archive", f"{len(infos)} members exceed the limit {LIMITS.max_entries}")
+        names = [i.filename for i in infos]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            fail("archive", f"member {dup!r:.80} appears more than once")
+
+    def names(self) -> list[str]:
+        return list(self._expected)
+
+    def has(self, name: str) -> bool:
+        return name in self._expected
+
+    def read(self, name: str) -> bytes:
+        """A member's bytes, checked against the manifest's size and SHA-256."""
+        expected = self._expected.get(name)
+        if expected is None:
+            fail(name, "missing from the manifest (file truncated or not written by save())")
+        data = self._read(name, expected.size)
+        if hashlib.sha256(data).hexdigest() != expected.sha256:
+            fail(name, "SHA-256 does not match the manifest (the file was modified or damaged)")
+        return data
+
+    def _read(self, name: str, size: int | None) -> bytes:
+        try:
+            info = self._zf.getinfo(name)
+        except KeyError:
+            fail(name, "member missing from the archive (file truncated?)")
+        _check_info(info, size, self._archive_size())
+        try:
+            with self._zf.open(info) as member:
+                data = member.read(info.file_size + 1)
+        except _ZIP_ERRORS as e:
+            fail(name, f"cannot read member ({type(e).__name__}: {e})")
+        if len(data) != info.file_size:
+            fail(name, f"member has {len(data)} bytes, the zip directory says {info.file_size}")
+        return data
+
+    def _archive_size(self) -> int:
+        fp = self._zf.fp
+        try:
+            here = fp.tell()
+            end = fp.seek(0, io.SEEK_END)
+            fp.seek(here)
+        except (OSError, AttributeError, ValueError):
+            return LIMITS.max_entry_bytes
+        return end
+
+
+def _check_info(info: zipfile.ZipInfo, size: int | None, archive_size: int) -> None:
+    name = info.filename
+    if info.flag_bits & 0x1:
+        fail(name, "member is encrypted")
+    if info.compress_type == zipfile.ZIP_STORED:
+        if info.compress_size != info.file_size or info.file_size > archive_size:
+            fail(name, f"stored member claims {info.file_size} bytes "
+                       f"({info.compress_size} compressed, archive {archive_size})")
+    elif info.compress_type == zipfile.ZIP_DEFLATED:
+        if info.file_size > info.compress_size * LIMITS.max_deflate_ratio + 1024:
+            fail(name, f"deflated member claims {info.file_size} bytes from "
+                       f"{info.compress_size}: implausible compression ratio")
+    else:
+        fail(name, f"unsupported compression method {info.compress_type} (use stored or deflate)")
+    if size is not None and info.file_size != size:
+        fail(name, f"member has {info.file_size} bytes, the manifest says {size}")
+    limit = LIMITS.max_json_bytes if size is None else LIMITS.max_entry_bytes
+    if info.file_size > limit:
+        fail(name, f"member of {info.file_size} bytes exceeds the limit {limit}")
+
+
+def _seekable(f: IO[bytes]) -> IO[bytes]:
+    """``f`` itself if it can seek, else its remaining bytes in memory."""
+    try:
+        if f.seekable():
+            return f
+    except (AttributeError, OSError, ValueError):
+        pass
+    return io.BytesIO(f.read())

@@ -1,0 +1,101 @@
+"""Module state during capture: what forward changed, and putting it back afterwards.
+
+Seed 004's rules: all state is initialized before export; reads are always fine; plain static
+attributes may change (the new value is burned in); tensor-valued plain attributes may not be
+assigned (make them buffers); buffers may be updated in place or reassigned; parameters may not
+be updated. Capture runs forward on the real module, so :class:`ModuleState` snapshots every
+module's parameters, buffers and tensor attributes on entry, reports what forward changed, and
+restores the snapshot on exit whatever happened.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+class StateUpdateError(RuntimeError):
+    """forward changed module state in a way export does not allow."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Saved:
+    fqn: str
+    module: torch.nn.Module
+    parameters: dict[str, Any]
+    buffers: dict[str, Any]
+    tensor_attrs: dict[str, torch.Tensor]
+
+
+def _prefix(fqn: str, name: str) -> str:
+    return f"{fqn}.{name}" if fqn else name
+
+
+def _tensor_attrs(mod: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in vars(mod).items() if isinstance(v, torch.Tensor)}
+
+
+class ModuleState:
+    """Snapshot / diff / restore of a module tree's tensors (a context manager)."""
+
+    __slots__ = ("_saved",)
+
+    def __init__(self, root: torch.nn.Module) -> None:
+        self._saved = [
+            _Saved(fqn, mod, dict(mod._parameters), dict(mod._buffers), _tensor_attrs(mod))
+            for fqn, mod in root.named_modules()
+        ]
+
+    def __enter__(self) -> ModuleState:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for saved in self._saved:
+            mod = saved.module
+            mod._parameters.clear()
+            mod._parameters.update(saved.parameters)
+            mod._buffers.clear()
+            mod._buffers.update(saved.buffers)
+            for name in list(_tensor_attrs(mod)):
+                if name not in saved.tensor_attrs:
+                    delattr(mod, name)
+            mod.__dict__.update(saved.tensor_attrs)
+
+    def reassigned_buffers(self) -> dict[str, torch.Tensor]:
+        """Buffers forward assigned a new tensor to (``self.buf = ...``), by FQN; raises on
+        parameter or tensor-attribute assignments."""
+        found = {}
+        for saved in self._saved:
+            mod = saved.module
+            self._check_parameters(saved)
+            self._check_attrs(saved)
+            for name, old in saved.buffers.items():
+                new = mod._buffers.get(name)
+                if new is not old and new is not None:
+                    found[_prefix(saved.fqn, name)] = new
+        return found
+
+    @staticmethod
+    def _check_parameters(saved: _Saved) -> None:
+        for name, old in saved.parameters.items():
+            if saved.module._parameters.get(name) is not old:
+                raise StateUpdateError(
+                    f"forward of {type(saved.module).__name__} reassigns parameter "
+                    f"'{_prefix(saved.fqn, name)}'.\n"
+                    "Parameters may not be updated during export: they are inputs of the exported "
+                    "program. Keep state that changes in a buffer (self.register_buffer(...))."
+                )
+
+    @staticmethod
+    def _check_attrs(saved: _Saved) -> None:
+        for name, value in _tensor_attrs(saved.module).items():
+            if saved.tensor_attrs.get(name) is not value:
+                raise StateUpdateError(
+                    f"forward of {type(saved.module).__name__} assigns a tensor to the plain "
+                    f"attribute '{_prefix(saved.fqn, name)}'.\n"
+                    "Tensor-valued plain attributes are constants of the exported program and may "
+                    "not be assigned during export. Register it as a buffer "
+                    f"(self.register_buffer('{name}', tensor)) and assign the buffer instead."
+                )

@@ -1,0 +1,466 @@
+"""Non-strict capture: run the user's Python on fake tensors and record every ATen op.
+
+The user's ``forward`` runs with the ordinary interpreter. Inputs are fake tensors, parameters
+and buffers stay the module's real tensors but are mapped to fakes (and to placeholders) the
+first time an op touches them, and a ``TorchDispatchMode`` records each ATen op reaching the
+dispatcher (below autograd, so CompositeImplicitAutograd ops arrive decomposed: ``linear`` as
+``t`` + ``addmm``) into an :class:`exportir.fx.Graph`. Python values are static: they are burned
+into the graph as literals, branches take the traced path and loops unroll.
+
+The recorded graph still has in-place ops, ``out=`` ops and views of state; functionalize.py
+turns it into the functional form and adds the mutation outputs.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from exportir import pytree
+from exportir.export._node_meta import (
+    ModuleCalls,
+    TorchFunctions,
+    current_stack_trace,
+    innermost_user_frame,
+    source_fn_entry,
+)
+from exportir.export.fake import FakeConverter, FakeTensor, fake_like, run_fake
+from exportir.fx import Graph, GraphModule, Node
+
+aten = torch.ops.aten
+
+
+class ExportError(RuntimeError):
+    """The program cannot be exported as written; the message says where and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lifted:
+    """One lifted input: what it is (``"parameter"``, ``"buffer"``, ``"constant"``, ``"user"``)."""
+
+    kind: str
+    target: str | None
+    persistent: bool | None
+    value: Any  # the real tensor (state) or the user's leaf
+
+
+# ops whose recording differs from "run on fakes, add a node" (keyed by op)
+SpecialRule = Callable[["Recorder", Any, tuple, dict], Any]
+
+
+class Recorder:
+    """Graph-building state of one capture (or one retrace)."""
+
+    def __init__(self, *, decomposition_table: dict | None = None) -> None:
+        self.graph = Graph()
+        self.nodes: dict[int, tuple[torch.Tensor, Node]] = {}
+        self.converter = FakeConverter(on_new_constant=self._lift_constant)
+        self.inputs: dict[Node, Lifted] = {}
+        self.attr_constants: dict[int, str] = {}
+        self.decomposition_table = decomposition_table
+        self.modules: ModuleCalls | None = None
+        self.functions: TorchFunctions | None = None
+        self.origin: Node | None = None  # retrace: the node being re-run (meta is copied)
+        self.mode: CaptureMode | None = None
+        self._lifted_count = 0
+
+    # -- inputs -------------------------------------------------------------------------
+
+    def add_input(self, name: str, fake: Any, lifted: Lifted) -> Node:
+        node = self.graph.placeholder(name)
+        node.meta["val"] = fake
+        self.inputs[node] = lifted
+        if isinstance(fake, torch.Tensor):
+            self.nodes[id(fake)] = (fake, node)
+        return node
+
+    def add_state(self, kind: str, fqn: str, real: torch.Tensor, persistent: bool | None) -> None:
+        _check_initialized(kind, fqn, real)
+        fake = fake_like(real)
+        self.converter.register(real, fake)
+        prefix = {"parameter": "p_", "buffer": "b_"}[kind]
+        self.add_input(prefix + _sanitize(fqn), fake, Lifted(kind, fqn, persistent, real))
+
+    def _lift_constant(self, real: torch.Tensor, fake: FakeTensor) -> None:
+        _check_initialized("tensor", "", real)
+        target = self.attr_constants.get(id(real))
+        if target is None:
+            target = f"lifted_tensor_{self._lifted_count}"
+            self._lifted_count += 1
+        self.add_input("c_" + _sanitize(target), fake, Lifted("constant", target, None, real))
+
+    # -- recording ------------------------------------------------------------------------
+
+    def node_for(self, t: torch.Tensor) -> Node:
+        if not isinstance(t, FakeTensor):
+            t = self.converter.from_real(t)
+        hit = self.nodes.get(id(t))
+        if hit is None or hit[0] is not t:
+            raise ExportError(
+                "a fake tensor that was not created by this export reached the graph "
+                f"(was it created under another FakeTensorMode?)\n  {innermost_user_frame()}"
+            )
+        return hit[1]
+
+    def as_arg(self, x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return self.node_for(x)
+        if type(x) in (list, tuple):
+            return type(x)(self.as_arg(a) for a in x)
+        if isinstance(x, torch.Size):
+            return [int(s) for s in x]
+        return x
+
+    def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        special = SPECIAL_OPS.get(func)
+        if special is not None:
+            return special(self, func, args, kwargs)
+        table = self.decomposition_table
+        if table is not None and func in table:
+            with self.mode:
+                return table[func](*args, **kwargs)
+        _check_mutations(self, func, args, kwargs)
+        out = run_fake(func, args, kwargs, self.converter)
+        if not _has_tensor(out):
+            return out
+        self.record(func, args, kwargs, out)
+        return out
+
+    def record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> Node:
+        node = self.graph.create_node(
+            "call_function",
+            func,
+            self.as_arg(tuple(args)),
+            {k: self.as_arg(v) for k, v in kwargs.items()},
+            name=_node_name(func),
+        )
+        self._fill_meta(node, func, _as_val(out))
+        if isinstance(out, (tuple, list)):
+            self._record_items(node, func, out)
+        elif isinstance(out, torch.Tensor) and id(out) not in self.nodes:
+            self.nodes[id(out)] = (out, node)
+        return node
+
+    def _record_items(self, node: Node, func: Any, out: tuple | list) -> None:
+        for i, item in enumerate(out):
+            if not isinstance(item, torch.Tensor) or id(item) in self.nodes:
+                continue
+            item_node = self.graph.create_node(
+                "call_function", operator.getitem, (node, i), {}, name="getitem"
+            )
+            self._fill_meta(item_node, func, item)
+            self.nodes[id(item)] = (item, item_node)
+
+    def _fill_meta(self, node: Node, func: Any, val: Any) -> None:
+        origin = self.origin
+        if origin is not None:
+            for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+                if key in origin.meta:
+                    node.meta[key] = origin.meta[key]
+        else:
+            trace = current_stack_trace()
+            if trace is not None:
+                node.meta["stack_trace"] = trace
+            node.meta["nn_module_stack"] = self.modules.current() if self.modules else {}
+            node.meta["source_fn_stack"] = source_fn_entry(self.modules, self.functions, func)
+        node.meta["val"] = val
+
+
+class CaptureMode(TorchDispatchMode):
+    """Hands every ATen op to its :class:`Recorder`."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+        recorder.mode = self
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return self.recorder.dispatch(func, args, kwargs or {})
+
+
+# --- special ops -------------------------------------------------------------------------
+
+
+def _lift_fresh(rec: Recorder, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``torch.tensor(data)`` in forward: the data becomes a lifted constant, copied fresh."""
+    const = rec.converter.from_real(args[0])
+    out = fake_like(const, requires_grad=False)
+    rec.record(aten.lift_fresh_copy.default, (const,), {}, out)
+    return out
+
+
+SPECIAL_OPS: dict[Any, SpecialRule] = {
+    aten.lift_fresh.default: _lift_fresh,
+    aten.lift_fresh_copy.default: _lift_fresh,
+}
+
+
+# --- checks ------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=None)
+def mutated_arg_names(func: Any) -> tuple[str, ...]:
+    """Names of the schema arguments an op writes to (``self`` of ``add_``, ``out``...)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return ()
+    return tuple(
+        a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write
+    )
+
+
+def _check_mutations(rec: Recorder, func: Any, args: tuple, kwargs: dict) -> None:
+    names = mutated_arg_names(func)
+    if not names:
+        return
+    for arg in _bound_args(func, args, kwargs, names):
+        if not isinstance(arg, torch.Tensor):
+            continue
+        node = rec.node_for(arg)
+        lifted = rec.inputs.get(_root_of(node))
+        if lifted is None:
+            continue
+        if lifted.kind == "parameter":
+            raise ExportError(
+                f"forward updates parameter '{lifted.target}' in place ({func.name()}).\n"
+                f"  {innermost_user_frame()}\n"
+                "Parameters may not be updated during export: they are inputs of the exported "
+                "program. Keep state that changes in a buffer (self.register_buffer(...))."
+            )
+        if lifted.kind == "constant" and lifted.target in rec.attr_constants.values():
+            raise ExportError(
+                f"forward updates the plain tensor attribute '{lifted.target}' in place "
+                f"({func.name()}).\n  {innermost_user_frame()}\n"
+                "Plain tensor attributes are constants of the exported program and may not be "
+                "updated. Register it as a buffer (self.register_buffer(name, tensor)) instead."
+            )
+
+
+def _root_of(node: Node) -> Node:
+    """Follow view ops back to the tensor whose storage they share."""
+    from exportir.export.functionalize import view_base
+
+    while True:
+        base = view_base(node)
+        if base is None:
+            return node
+        node = base
+
+
+def _bound_args(func: Any, args: tuple, kwargs: dict, names: tuple[str, ...]) -> list[Any]:
+    found = []
+    for i, a in enumerate(func._schema.arguments):
+        if a.name not in names:
+            continue
+        if a.name in kwargs:
+            found.append(kwargs[a.name])
+        elif i < len(args) and not a.kwarg_only:
+            found.append(args[i])
+    return found
+
+
+def _check_initialized(kind: str, fqn: str, t: torch.Tensor) -> None:
+    if isinstance(t, torch.nn.parameter.UninitializedTensorMixin):
+        raise ExportError(
+            f"{kind} '{fqn}' is not initialized yet (a lazy module).\n  {innermost_user_frame()}\n"
+            "All module state must be initialized before export: run the module once on real "
+            "inputs (or call initialize_parameters) and export afterwards."
+        )
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+def _sanitize(name: str) -> str:
+    out = "".join(c if c.isalnum() else "_" for c in name)
+    return out.lower()
+
+
+def _node_name(func: Any) -> str:
+    packet = getattr(func, "overloadpacket", None)
+    return packet.__name__ if packet is not None else getattr(func, "__name__", "fn")
+
+
+def _has_tensor(out: Any) -> bool:
+    if isinstance(out, torch.Tensor):
+        return True
+    if isinstance(out, (tuple, list)):
+        return any(isinstance(o, torch.Tensor) for o in out)
+    return False
+
+
+def _as_val(out: Any) -> Any:
+    if isinstance(out, list):
+        return list(out)
+    if isinstance(out, tuple):
+        return tuple(out)
+    return out
+
+
+def graph_module(rec: Recorder) -> GraphModule:
+    return GraphModule(torch.nn.Module(), rec.graph)
+
+
+def flatten_with_names(bound: dict[str, Any]) -> list[tuple[str, Any]]:
+    """User input leaves named like torch.export: ``x``, ``y_0``, ``d_a_b``."""
+    named = []
+    for path, leaf in pytree.tree_leaves_with_path(bound):
+        named.append(("_".join(_key_text(k) for k in path).lower(), leaf))
+    return named
+
+
+def _key_text(key: Any) -> str:
+    if isinstance(key, pytree.MappingKey):
+        return "".join(c if c.isalnum() else "_" for c in str(key.key))
+    if isinstance(key, pytree.SequenceKey):
+        return str(key.idx)
+    if isinstance(key, pytree.GetAttrKey):
+        return key.name
+    return str(key)
+
+
+# --- capturing a module --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureResult:
+    """Everything export needs to build an ExportedProgram (see docs/dev/export-plan.md)."""
+
+    graph_module: GraphModule
+    signature: Any  # ExportGraphSignature
+    state_dict: dict[str, torch.Tensor]
+    constants: dict[str, torch.Tensor]
+    in_spec: pytree.TreeSpec
+    out_spec: pytree.TreeSpec
+    module_call_graph: list[Any]
+
+
+def capture(mod: torch.nn.Module, args: tuple, kwargs: dict) -> CaptureResult:
+    """Run ``mod(*args, **kwargs)`` on fakes; return the functional, lifted graph and its specs."""
+    from exportir.export._finalize import finalize
+    from exportir.export._module_state import ModuleState
+
+    rec = Recorder()
+    _lift_module_state(rec, mod)
+    flat, in_spec = pytree.tree_flatten((args, kwargs))
+    fake_leaves = _user_inputs(rec, mod, args, kwargs, flat)
+    fake_args, fake_kwargs = pytree.tree_unflatten(fake_leaves, in_spec)
+    with ModuleState(mod) as state, ModuleCalls(mod) as calls, TorchFunctions() as functions:
+        rec.modules, rec.functions = calls, functions
+        with CaptureMode(rec):
+            out = mod(*fake_args, **fake_kwargs)
+            reassigned = {fqn: rec.node_for(t) for fqn, t in state.reassigned_buffers().items()}
+    flat_out, out_spec = pytree.tree_flatten(out)
+    rec.graph.output(tuple(_output_value(rec, o) for o in flat_out))
+    gm, signature = finalize(rec, reassigned)
+    return CaptureResult(
+        graph_module=gm,
+        signature=signature,
+        state_dict=_state_dict(rec),
+        constants=_constants(rec),
+        in_spec=in_spec,
+        out_spec=out_spec,
+        module_call_graph=_module_call_graph(mod, in_spec, out_spec, _arg_names(mod, args)),
+    )
+
+
+def _lift_module_state(rec: Recorder, mod: torch.nn.Module) -> None:
+    for fqn, p in mod.named_parameters():
+        rec.add_state("parameter", fqn, p, None)
+    non_persistent = {
+        _join(prefix, name)
+        for prefix, m in mod.named_modules()
+        for name in m._non_persistent_buffers_set
+    }
+    for fqn, b in mod.named_buffers():
+        rec.add_state("buffer", fqn, b, fqn not in non_persistent)
+    state_ids = {id(t) for t in (*mod.parameters(), *mod.buffers())}
+    for prefix, m in mod.named_modules():
+        for name, v in vars(m).items():
+            if isinstance(v, torch.Tensor) and id(v) not in state_ids:
+                rec.attr_constants.setdefault(id(v), _join(prefix, name))
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _bind_inputs(mod: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
+    import inspect
+
+    try:
+        sig = inspect.signature(mod.forward)
+        bound = sig.bind_partial(*args).arguments
+    except (TypeError, ValueError) as err:
+        raise ExportError(
+            f"the example inputs do not match {type(mod).__name__}.forward's signature: {err}.\n"
+            "Pass args as a tuple of positional arguments and kwargs as a dict."
+        ) from err
+    return {**bound, **kwargs}
+
+
+def _arg_names(mod: torch.nn.Module, args: tuple) -> list[str]:
+    import inspect
+
+    try:
+        return list(inspect.signature(mod.forward).bind_partial(*args).arguments)
+    except (TypeError, ValueError):
+        return []
+
+
+def _user_inputs(rec: Recorder, mod: torch.nn.Module, args: tuple, kwargs: dict, flat: list) -> list:
+    names = flatten_with_names(_bind_inputs(mod, args, kwargs))
+    fakes = []
+    for (name, _), leaf in zip(names, flat):
+        fake = fake_like(leaf) if isinstance(leaf, torch.Tensor) else leaf
+        if not isinstance(leaf, (torch.Tensor, int, float, bool, str, type(None))):
+            raise ExportError(
+                f"input '{name}' is a {type(leaf).__name__}, which export cannot take as an "
+                "input. Inputs are tensors, Python scalars/strings/None, and containers of them "
+                "(register custom classes with exportir.register_dataclass / pytree)."
+            )
+        rec.add_input(name, fake, Lifted("user", None, None, leaf))
+        fakes.append(fake)
+    return fakes
+
+
+def _output_value(rec: Recorder, o: Any) -> Any:
+    if isinstance(o, torch.Tensor):
+        return rec.node_for(o)
+    if isinstance(o, (int, float, bool, str, type(None))):
+        return o
+    raise ExportError(
+        f"forward returns a {type(o).__name__}, which an exported program cannot return. "
+        "Return tensors, Python scalars/strings/None, or containers of them."
+    )
+
+
+def _state_dict(rec: Recorder) -> dict[str, torch.Tensor]:
+    return {
+        lifted.target: lifted.value
+        for lifted in rec.inputs.values()
+        if lifted.kind == "parameter" or (lifted.kind == "buffer" and lifted.persistent)
+    }
+
+
+def _constants(rec: Recorder) -> dict[str, torch.Tensor]:
+    return {
+        lifted.target: lifted.value
+        for lifted in rec.inputs.values()
+        if lifted.kind == "constant" or (lifted.kind == "buffer" and not lifted.persistent)
+    }
+
+
+def _module_call_graph(mod: torch.nn.Module, in_spec: Any, out_spec: Any, names: list[str]) -> list:
+    from exportir.export.exported_program import ModuleCallEntry, ModuleCallSignature
+
+    root = ModuleCallEntry(
+        "", ModuleCallSignature([], [], in_spec, out_spec, forward_arg_names=names)
+    )
+    return [root] + [ModuleCallEntry(fqn) for fqn, _ in mod.named_modules() if fqn]

@@ -328,7 +328,7 @@ class ExportGraphSignature:
     rebuilt lazily after the lists change, so reading a view costs O(1).
     """
 
-    __slots__ = ("_input_specs", "_output_specs", "_cache", "_cache_key")
+    __slots__ = ("_cache", "_cache_key", "_input_specs", "_output_specs")
 
     def __init__(self, input_specs: Iterable[InputSpec], output_specs: Iterable[OutputSpec]):
         self.input_specs = input_specs  # type: ignore[assignment]  # setter wraps into _SpecList
@@ -394,9 +394,7 @@ class ExportGraphSignature:
     def replace_all_uses(self, old: str, new: str) -> None:
         """Rename every argument called ``old`` (inputs and outputs) to ``new``."""
         if not isinstance(old, str) or not isinstance(new, str):
-            raise TypeError(
-                f"replace_all_uses takes two node names (str); got {old!r} and {new!r}"
-            )
+            raise TypeError(f"replace_all_uses takes two node names (str); got {old!r} and {new!r}")
         for specs in (self._output_specs, self._input_specs):
             for i, spec in enumerate(specs):
                 if isinstance(spec.arg, _NAMED_ARGUMENT_TYPES) and spec.arg.name == old:
@@ -443,7 +441,6 @@ class ExportGraphSignature:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (ExportGraphSignature, (list(self._input_specs), list(self._output_specs)))
-
 
 
 def _backward_signature(outs: Iterable[OutputSpec]) -> ExportBackwardSignature | None:

@@ -112,3 +112,19 @@ def _signature(
     for value in user_outputs:
         outputs.append(OutputSpec(OutputKind.USER_OUTPUT, make_argument_spec(value), None))
     return ExportGraphSignature(inputs, outputs)
+
+
+def finalize_retrace(rec: Recorder) -> GraphModule:
+    """Functionalize a re-traced graph; its inputs must not be written to."""
+    fz, old_out = functionalize(rec.graph)
+    written = [old.name for old in fz.placeholders if fz.version.get(old, 0) > 0]
+    if written:
+        raise RuntimeError(
+            f"re-tracing wrote to graph inputs {written}: a decomposition mutates its inputs; "
+            "remove it from the decomposition table"
+        )
+    graph = fz.new
+    out = graph.output(tuple(fz.map_arg(a) for a in old_out.args[0]))
+    out.meta["val"] = tuple(_val(a) for a in out.args[0])
+    graph.eliminate_dead_code()
+    return GraphModule(torch.nn.Module(), graph)

@@ -118,13 +118,13 @@ class Recorder:
         return x
 
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        table = self.decomposition_table
+        if table and func in table:
+            with self.mode:
+                return table[func](*args, **kwargs)
         special = SPECIAL_OPS.get(func)
         if special is not None:
             return special(self, func, args, kwargs)
-        table = self.decomposition_table
-        if table is not None and func in table:
-            with self.mode:
-                return table[func](*args, **kwargs)
         _check_mutations(self, func, args, kwargs)
         out = run_fake(func, args, kwargs, self.converter)
         if not _has_tensor(out):
@@ -464,3 +464,74 @@ def _module_call_graph(mod: torch.nn.Module, in_spec: Any, out_spec: Any, names:
         "", ModuleCallSignature([], [], in_spec, out_spec, forward_arg_names=names)
     )
     return [root] + [ModuleCallEntry(fqn) for fqn, _ in mod.named_modules() if fqn]
+
+
+# --- re-tracing a captured graph -----------------------------------------------------------
+
+
+def retrace(
+    gm: GraphModule, flat_fake_inputs: list, *, decomposition_table: dict | None = None
+) -> GraphModule:
+    """Re-run a captured graph through the recorder, decomposing ops found in the table.
+
+    Placeholders keep their names and order and outputs keep their order, so the graph
+    signature carries over position by position. Every recorded node copies ``stack_trace``,
+    ``nn_module_stack`` and ``source_fn_stack`` from the node it came from. The result is
+    functionalized again (decompositions may use in-place ops on fresh tensors).
+    """
+    from exportir.export._finalize import finalize_retrace
+
+    table = dict(decomposition_table or {})
+    if table:
+        table = {**_ALWAYS_DECOMPOSED, **table}
+    rec = Recorder(decomposition_table=table)
+    env: dict[Node, Any] = {}
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    if len(placeholders) != len(flat_fake_inputs):
+        raise ValueError(
+            f"retrace: the graph has {len(placeholders)} placeholders but "
+            f"{len(flat_fake_inputs)} inputs were given"
+        )
+    for ph, val in zip(placeholders, flat_fake_inputs):
+        fake = fake_like(val) if isinstance(val, torch.Tensor) else val
+        node = rec.add_input(ph.name, fake, Lifted("user", ph.name, None, val))
+        node.meta.update({k: v for k, v in ph.meta.items() if k != "val"})
+        env[ph] = fake
+    output = None
+    with CaptureMode(rec):
+        for node in gm.graph.nodes:
+            if node.op == "call_function":
+                rec.origin = node
+                env[node] = _rerun(node, env)
+            elif node.op == "output":
+                output = node
+    rec.origin = output
+    flat_out = pytree.tree_leaves(_lookup(output.args[0], env))
+    rec.graph.output(tuple(_output_value(rec, o) for o in flat_out))
+    return finalize_retrace(rec)
+
+
+def _lift_fresh_copy(t: torch.Tensor) -> torch.Tensor:
+    return aten.clone.default(t)
+
+
+# non-core ops that torch's decomposition leaves as something else without a table entry
+_ALWAYS_DECOMPOSED: dict[Any, Callable[..., Any]] = {
+    aten.lift_fresh_copy.default: _lift_fresh_copy,
+}
+
+
+def _lookup(a: Any, env: dict[Node, Any]) -> Any:
+    if isinstance(a, Node):
+        return env[a]
+    if type(a) in (list, tuple):
+        return type(a)(_lookup(x, env) for x in a)
+    if isinstance(a, dict):
+        return {k: _lookup(v, env) for k, v in a.items()}
+    return a
+
+
+def _rerun(node: Node, env: dict[Node, Any]) -> Any:
+    args = _lookup(node.args, env)
+    kwargs = _lookup(dict(node.kwargs), env)
+    return node.target(*args, **kwargs)

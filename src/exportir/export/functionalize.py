@@ -212,6 +212,9 @@ REWRITES: dict[Any, Callable[[Node], Rewrite | None]] = {
     aten.requires_grad_.default: _no_data_change,
 }
 
+# aliases that change nothing a graph can observe
+TRANSPARENT = {aten.alias.default, aten.detach.default, aten.lift_fresh.default}
+
 # ops changing a tensor's shape/strides in place: not expressible by value rewriting
 METADATA_MUTATIONS = {
     aten.resize_.default,
@@ -427,6 +430,9 @@ class Functionalizer:
             )
         if _needs_rewrite(n):
             self._mutation(n)
+            return
+        if n.target in TRANSPARENT and isinstance(n.args[0], Node):
+            self.same[n] = n.args[0]  # same value, no node: torch drops these too
             return
         base = view_base(n)
         new = self.emit(n.target, self.map_arg(n.args), self._map_kwargs(n), n.meta.get("val"))

@@ -18,6 +18,7 @@ import math
 import operator
 import re
 import sys
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -255,6 +256,7 @@ _ENCODERS: dict[type, tuple[str, _Enc]] = {
     type(Ellipsis): ("ellipsis", lambda x, w, t: None),
     OpOverload: ("op", lambda x, w, t: encode_target(x, w)),
     HigherOrderOperator: ("op", lambda x, w, t: encode_target(x, w)),
+    types.BuiltinFunctionType: ("op", lambda x, w, t: encode_target(x, w)),  # operator.*, math.*
 }
 
 

@@ -397,7 +397,7 @@ def test_module_is_an_exportir_graph_module():
 
 
 def test_properties_match_torch():
-    module, args, kwargs, tep = corpus_program("tensor_constant")
+    _module, _args, _kwargs, tep = corpus_program("tensor_constant")
     ep = from_torch(tep, share_state=True)
     assert ep.graph is ep.graph_module.graph
     assert ep.state_dict == tep.state_dict and ep.constants == tep.constants
@@ -445,7 +445,7 @@ def test_read_only_properties_refuse_assignment_like_torch(attr):
 
 
 def test_example_inputs_setter_checks_structure_like_torch():
-    _, args, _, tep = corpus_program("mlp")
+    _, _args, _, tep = corpus_program("mlp")
     ep = from_torch(tep)
     ep.example_inputs = ((torch.randn(3, 8),), {})
     ep.example_inputs = None
@@ -469,7 +469,7 @@ def test_calling_the_program_directly_is_refused_like_torch():
 
 @pytest.mark.parametrize("name", ["mlp", "buffer_inplace", "tensor_constant", "mlp_kwargs"])
 def test_graph_module_flat_inputs_run_the_graph(name):
-    module, args, kwargs, tep = corpus_program(name)
+    _module, args, kwargs, tep = corpus_program(name)
     ep = from_torch(tep)
     flat = ep._graph_module_flat_inputs(args, kwargs)
     want = tep._graph_module_flat_inputs(args, kwargs)
@@ -566,7 +566,7 @@ def _retrace_available() -> bool:
 @pytest.mark.skipif(not _retrace_available(), reason="exportir.export.capture.retrace missing")
 @pytest.mark.parametrize("name", ["mlp", "cnn_bn_train", "buffer_inplace", "dict_io"])
 def test_run_decompositions_matches_torch(name):
-    module, args, kwargs, tep = corpus_program(name)
+    _module, args, kwargs, tep = corpus_program(name)
     ep = from_torch(tep).run_decompositions()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -524,8 +524,10 @@ _ALWAYS_DECOMPOSED: dict[Any, Callable[..., Any]] = {
 def _lookup(a: Any, env: dict[Node, Any]) -> Any:
     if isinstance(a, Node):
         return env[a]
-    if type(a) in (list, tuple):
-        return type(a)(_lookup(x, env) for x in a)
+    if isinstance(a, list):
+        return [_lookup(x, env) for x in a]
+    if isinstance(a, tuple):
+        return tuple(_lookup(x, env) for x in a)
     if isinstance(a, dict):
         return {k: _lookup(v, env) for k, v in a.items()}
     return a

@@ -296,6 +296,11 @@ SCATTERS: dict[Any, Scatter] = {
 }
 
 
+def _rebuild(like: list | tuple, items: list) -> list | tuple:
+    """A plain list or tuple (fx's immutable containers are not accepted by ATen ops)."""
+    return items if isinstance(like, list) else tuple(items)
+
+
 # --- the pass ------------------------------------------------------------------------------
 
 
@@ -338,8 +343,8 @@ class Functionalizer:
     def map_arg(self, a: Any) -> Any:
         if isinstance(a, Node):
             return self.read(a)
-        if type(a) in (list, tuple):
-            return type(a)(self.map_arg(x) for x in a)
+        if isinstance(a, (list, tuple)):
+            return _rebuild(a, [self.map_arg(x) for x in a])
         return a
 
     def _map_kwargs(self, n: Node) -> dict:
@@ -390,8 +395,10 @@ class Functionalizer:
         def val_of(a: Any) -> Any:
             if isinstance(a, Node):
                 return a.meta["val"]
-            if type(a) in (list, tuple):
-                return type(a)(val_of(x) for x in a)
+            if isinstance(a, (list, tuple)):
+                return _rebuild(a, [val_of(x) for x in a])
+            if isinstance(a, dict):
+                return {k: val_of(v) for k, v in a.items()}
             return a
 
         if target is operator.getitem:

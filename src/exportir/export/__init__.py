@@ -1,16 +1,18 @@
 """exportir.export: capture a PyTorch program into Export IR (the ATen dialect).
 
-Mirrors ``torch.export``: ``ExportedProgram``, ``ExportGraphSignature`` and its spec classes,
-``ModuleCallEntry`` / ``ModuleCallSignature``, ``default_decompositions`` and the Export IR
-verifier.
+Mirrors ``torch.export``: ``export``, ``save`` / ``load``, ``register_dataclass``,
+``ExportedProgram``, ``ExportGraphSignature`` and its spec classes, ``ModuleCallEntry`` /
+``ModuleCallSignature``, ``default_decompositions`` and the Export IR verifier.
 """
 
+from exportir.export._export import export
 from exportir.export.exported_program import (
     ExportedProgram,
     ModuleCallEntry,
     ModuleCallSignature,
     default_decompositions,
 )
+from exportir.export.serialize import load, save
 from exportir.export.signature import (
     ConstantArgument,
     CustomObjArgument,
@@ -27,6 +29,7 @@ from exportir.export.signature import (
     TokenArgument,
 )
 from exportir.export.verifier import SpecViolationError, Verifier
+from exportir.pytree import register_dataclass
 
 __all__ = [
     "ConstantArgument",
@@ -48,4 +51,8 @@ __all__ = [
     "TokenArgument",
     "Verifier",
     "default_decompositions",
+    "export",
+    "load",
+    "register_dataclass",
+    "save",
 ]

@@ -344,19 +344,24 @@ def _write_back_mutations(graph: Graph, specs: Sequence[Any], by_name: dict[str,
     new_output.name = "output"
 
 
+def _is_args_kwargs(spec: pytree.TreeSpec) -> bool:
+    return (
+        spec.type is tuple
+        and spec.num_children == 2
+        and spec.child(0).type is tuple
+        and spec.child(1).type is dict
+    )
+
+
 def _forward_arg_names(in_spec: pytree.TreeSpec, names: list[str] | None) -> list[str]:
-    if names:
-        return list(names)
-    if (
-        in_spec.type is tuple
-        and in_spec.num_children == 2
-        and in_spec.child(0).type is tuple
-        and in_spec.child(1).type is dict
-    ):
-        return [f"arg_{i}" for i in range(in_spec.child(0).num_children)] + list(
-            in_spec.child(1).context
-        )
-    return [f"arg_{i}" for i in range(in_spec.num_children)]
+    """Parameter names of the generated ``forward``: the recorded ones, else ``arg_i`` plus
+    the keyword names; keyword inputs missing from the recorded names are appended."""
+    if not _is_args_kwargs(in_spec):
+        return list(names) if names else [f"arg_{i}" for i in range(in_spec.num_children)]
+    kwarg_names = list(in_spec.child(1).context)
+    if not names:
+        return [f"arg_{i}" for i in range(in_spec.child(0).num_children)] + kwarg_names
+    return list(names) + [k for k in kwarg_names if k not in names]
 
 
 def _install_state(gm: torch.nn.Module, ep: ExportedProgram) -> None:

@@ -47,7 +47,6 @@ if SANITY:
 MISSING: dict[str, str] = {
     "passes.reinplace.reinplace": "functionalization-aware reinplacing needs export (not seed 003)",
     "passes.runtime_assert.insert_deferred_runtime_asserts": "needs a ShapeEnv (exportir.symbolic)",
-    "passes.split_module.split_module": "graph partitioning is not in seed 003's scope yet",
 }
 if SANITY:
     MISSING = {}

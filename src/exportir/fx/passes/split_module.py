@@ -303,7 +303,7 @@ class _Splitter:
         if node.op != "get_attr":
             return False
         if not isinstance(node.target, str):
-            raise AssertionError(f"Expected str target, got {type(node.target)}")
+            raise AssertionError(f"Expected str target, got {type(node.target)}")  # noqa: TRY004  # torch.fx raises this type
         return isinstance(_get_attr_from_qualname(self.m, node.target), torch.nn.Module)
 
     def copy_nodes(self, qualname_map: dict[str, str] | None, keep_name: bool) -> None:

@@ -295,9 +295,9 @@ class _SpecList(list):  # type: ignore[type-arg]  # holds InputSpec or OutputSpe
 def _counting(name: str) -> Callable[..., Any]:
     method = getattr(list, name)
 
-    def mutate(self: _SpecList, *args: Any) -> Any:
+    def mutate(self: _SpecList, *args: Any, **kwargs: Any) -> Any:
         self.version += 1
-        return method(self, *args)
+        return method(self, *args, **kwargs)
 
     mutate.__name__ = name
     return mutate

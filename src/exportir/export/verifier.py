@@ -23,6 +23,7 @@ overrides ``check``.
 
 from __future__ import annotations
 
+import inspect
 import math
 import operator
 from collections.abc import Callable, Iterable
@@ -135,10 +136,21 @@ def _check_required_meta(node: Node, keys: Iterable[str]) -> None:
         )
 
 
+_MODULE_ALIASES = {"_operator": "operator", "builtins": ""}
+
+
 def _op_name(target: Any) -> str:
+    """``aten.add.Tensor``, ``torch.add``, ``operator.getitem``, ``round``."""
     if isinstance(target, (OpOverload, HigherOrderOperator)):
         return str(target)
-    return getattr(target, "__qualname__", None) or repr(target)
+    # Builtins' __qualname__ names their defining class (torch._VariableFunctionsClass.add).
+    attrs = ("__name__", "__qualname__") if inspect.isbuiltin(target) else ("__qualname__",)
+    name = next((getattr(target, a) for a in attrs if getattr(target, a, None)), None)
+    if name is None:
+        return repr(target)
+    module = getattr(target, "__module__", None) or ""
+    module = _MODULE_ALIASES.get(module, module)
+    return f"{module}.{name}" if module else name
 
 
 # ---------------------------------------------------------------------------- allow lists

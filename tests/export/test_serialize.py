@@ -42,7 +42,12 @@ from exportir.export import (
 from exportir.export.fake import fake_like
 from exportir.export.serialize import SerializationError, load, save
 from exportir.export.serialize_tensors import DTYPE_TO_TAG, decode_tensors, encode_tensors
-from exportir.export.serialize_values import Decoder, encode_value
+from exportir.export.serialize_values import (
+    Decoder,
+    encode_value,
+    qualified_name,
+    resolve_qualified,
+)
 from exportir.fx.graph import Graph
 from exportir.fx.graph_module import GraphModule
 
@@ -148,9 +153,16 @@ def _tensor_meta(t: Any) -> Any:
 
 
 def _meta_view(meta: dict[str, Any]) -> dict[str, Any]:
+    """Metadata as a round trip must keep it: tensors by their metadata, functions and classes
+    in ``source_fn_stack`` by name (they are restored as objects only under torch & co)."""
     out = dict(meta)
     if "val" in out:
         out["val"] = pytree.tree_map(_tensor_meta, out["val"])
+    if "source_fn_stack" in out:
+        out["source_fn_stack"] = [(n, qualified_name(f)) for n, f in out["source_fn_stack"]]
+    if "nn_module_stack" in out:
+        out["nn_module_stack"] = {k: (p, qualified_name(c))
+                                  for k, (p, c) in out["nn_module_stack"].items()}
     return out
 
 
@@ -166,7 +178,7 @@ def assert_same_program(a: ExportedProgram, b: ExportedProgram) -> None:
     assert list(b.state_dict) == list(a.state_dict)
     for key, value in a.state_dict.items():
         assert type(b.state_dict[key]) is type(value), key
-        assert b.state_dict[key].requires_grad == value.requires_grad
+        assert b.state_dict[key].requires_grad == (value.requires_grad and value.is_leaf)
         assert torch.equal(b.state_dict[key], value), key
     assert list(b.constants) == list(a.constants)
     for key, value in a.constants.items():
@@ -278,6 +290,99 @@ def test_pickle_protocol_is_accepted_and_ignored(program: ExportedProgram) -> No
     assert buf.getvalue() == to_bytes(program)
 
 
+def _user_program(g: Graph, gm: GraphModule, inputs: dict[str, torch.Tensor],
+                  outputs: list[str]) -> ExportedProgram:
+    """An ExportedProgram whose placeholders are all user inputs (in ``inputs`` order)."""
+    signature = ExportGraphSignature(
+        [InputSpec(InputKind.USER_INPUT, TensorArgument(n), None) for n in inputs],
+        [OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(n), None) for n in outputs])
+    example = (tuple(inputs.values()), {})
+    call_graph = [ModuleCallEntry("", ModuleCallSignature(
+        [TensorArgument(n) for n in inputs], [TensorArgument(n) for n in outputs],
+        pytree.tree_structure(example), pytree.tree_structure(tuple(outputs)), list(inputs)))]
+    return ExportedProgram(gm, gm.graph, signature, {}, {}, call_graph, example, {})
+
+
+def _branch(op: Any) -> GraphModule:
+    g = Graph()
+    x = g.placeholder("x_1")
+    g.output((g.call_function(op, (x,)),))
+    _fill_meta(g, {"x_1": fake_like(torch.randn(3))})
+    return GraphModule({}, g)
+
+
+def test_round_trip_cond_with_submodules() -> None:
+    g = Graph()
+    pred, x = g.placeholder("pred"), g.placeholder("x")
+    true_gm, false_gm = g.get_attr("true_graph_0"), g.get_attr("false_graph_0")
+    cond = g.call_function(torch.ops.higher_order.cond, (pred, true_gm, false_gm, (x,)))
+    first = g.call_function(operator.getitem, (cond, 0))
+    g.output((first,))
+    gm = GraphModule({"true_graph_0": _branch(aten.sin.default),
+                      "false_graph_0": _branch(aten.cos.default)}, g)
+    vals = {"pred": fake_like(torch.tensor(True)), "x": fake_like(torch.randn(3)),
+            "cond": (fake_like(torch.randn(3)),), "getitem": fake_like(torch.randn(3))}
+    for n in g.nodes:
+        if n.op == "call_function":
+            n.meta.update(val=vals[n.name], stack_trace=TRACE, nn_module_stack={},
+                          source_fn_stack=[("cond", torch.cond)])
+        elif n.op == "placeholder":
+            n.meta["val"] = vals[n.name]
+    g.output_node().meta["val"] = (vals["getitem"],)
+    ep = _user_program(g, gm, {"pred": torch.tensor(True), "x": torch.randn(3)}, ["getitem"])
+    loaded = from_bytes(to_bytes(ep))
+    assert_same_program(ep, loaded)
+    assert str(loaded.graph_module.true_graph_0.graph) == str(gm.true_graph_0.graph)
+    x = torch.randn(3)
+    for flag in (True, False):
+        assert_same_outputs(ep, loaded, (torch.tensor(flag), x), {})
+
+
+@torch.library.custom_op("exportir_serde_test::scale", mutates_args=())
+def _scale(x: torch.Tensor, factor: float) -> torch.Tensor:
+    return x * factor
+
+
+@_scale.register_fake
+def _scale_fake(x: torch.Tensor, factor: float) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def test_round_trip_custom_op() -> None:
+    g = Graph()
+    x = g.placeholder("x")
+    y = g.call_function(torch.ops.exportir_serde_test.scale.default, (x, 2.5))
+    g.output((y,))
+    _fill_meta(g, {"x": fake_like(torch.randn(2, 3))})
+    ep = _user_program(g, GraphModule({}, g), {"x": torch.randn(2, 3)}, [y.name])
+    data = to_bytes(ep)
+    node = next(n for n in json.loads(members(data)["program.json"])["graph_module"]["nodes"]
+                if n["op"] == "call_function")
+    assert node["target"] == "exportir_serde_test::scale.default"
+    loaded = from_bytes(data)
+    assert_same_program(ep, loaded)
+    assert_same_outputs(ep, loaded, (torch.randn(2, 3),), {})
+
+
+def test_range_constraints_codec() -> None:
+    import sympy
+    from torch.utils._sympy.numbers import int_oo
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    from exportir.export.serialize_program import (
+        decode_range_constraints,
+        encode_range_constraints,
+    )
+
+    ranges = {sympy.Symbol("s0", integer=True): ValueRanges(2, int_oo),
+              sympy.Symbol("s1", integer=True): ValueRanges(-4, 16)}
+    encoded = encode_range_constraints(ranges, "r")
+    assert encoded == {"s0": ["2", "int_oo"], "s1": ["-4", "16"]}
+    assert decode_range_constraints(json.loads(json.dumps(encoded)), "r") == ranges
+    with pytest.raises(SerializationError, match="r/s0: bounds"):
+        decode_range_constraints({"s0": ["2", "__import__('os')"]}, "r")
+
+
 # --------------------------------------------------------------------------- the format
 
 
@@ -357,7 +462,7 @@ def test_tensor_container_dtypes(dtype: torch.dtype) -> None:
     assert meta == {"k": "v"}
     for key, t in values.items():
         assert out[key].dtype == t.dtype and out[key].shape == t.shape
-        raw = lambda v: v.contiguous().reshape(-1).view(torch.uint8)  # noqa: E731
+        raw = lambda v: v.contiguous().reshape(-1).view(torch.uint8)
         assert torch.equal(raw(out[key]), raw(t)), key
 
 
@@ -400,6 +505,24 @@ def test_value_codec_rejects_unknown_objects() -> None:
         encode_value(object(), "v")
     with pytest.raises(SerializationError, match="v/0: target <built-in function print> cannot"):
         encode_value([print], "v")
+
+
+@pytest.mark.parametrize("obj", [torch.tanh, torch.Tensor.mul, torch.nn.Linear, torch.cond,
+                                 torch.nn.functional.relu, operator.add, math.floor,
+                                 aten.add.Tensor, aten.add],
+                         ids=repr)
+def test_source_fn_names_resolve_back(obj: Any) -> None:
+    assert resolve_qualified(qualified_name(obj)) is obj
+
+
+@pytest.mark.parametrize("text", ["os.system", "subprocess.run", "torch._dynamo.nope",
+                                  "torch.nn.nope", "builtins.nope.deeper", "mylib::nope"])
+def test_unresolvable_names_stay_strings(text: str) -> None:
+    import sys
+
+    before = set(sys.modules)
+    assert resolve_qualified(text) == text
+    assert set(sys.modules) == before  # nothing was imported
 
 
 # --------------------------------------------------------------------------- hostile files

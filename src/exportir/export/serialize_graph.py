@@ -153,8 +153,9 @@ _META_CODECS: dict[str, tuple[Callable[[Any, str], Any], Callable[[Any, str, dic
 def _encode_meta(meta: dict[str, Any], where: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, (enc, _) in _META_CODECS.items():
-        if key in meta and meta[key] is not None:
-            out[key] = enc(meta[key], f"{where}/{key}")
+        if key in meta:
+            value = meta[key]
+            out[key] = None if value is None else enc(value, f"{where}/{key}")
     return out
 
 
@@ -164,7 +165,7 @@ def _decode_meta(raw: Any, where: str, env: dict[str, Node]) -> dict[str, Any]:
         codec = _META_CODECS.get(key)
         if codec is None:
             fail(f"{where}/{key}", f"unknown metadata key; known: {sorted(_META_CODECS)}")
-        out[key] = codec[1](value, f"{where}/{key}", env)
+        out[key] = None if value is None else codec[1](value, f"{where}/{key}", env)
     return out
 
 

@@ -313,9 +313,11 @@ def encode_tensor_infos(tensors: dict[str, Any], where: str) -> tuple[dict[str, 
         if alias is None:
             seen[id(value)] = name
             stored[name] = value
+        # A loaded tensor is a leaf: a non-leaf buffer (computed under autograd) is saved as
+        # plain data, since a leaf requiring grad could not be updated in place by module().
         infos[name] = {"parameter": isinstance(value, torch.nn.Parameter),
-                       "requires_grad": value.requires_grad, "device": str(value.device),
-                       "alias_of": alias}
+                       "requires_grad": value.requires_grad and value.is_leaf,
+                       "device": str(value.device), "alias_of": alias}
     return infos, stored
 
 

@@ -35,6 +35,7 @@ from torch._ops import (
 from exportir.export.fake import FakeTensor
 from exportir.export.serialize_common import (
     LIMITS,
+    SerializationError,
     as_bool,
     as_dict,
     as_int,
@@ -157,17 +158,37 @@ def resolve_target(text: Any, where: str) -> Any:
     return target
 
 
+def _name_candidates(obj: Any) -> list[str]:
+    name = getattr(obj, "__name__", None)
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    owner = getattr(obj, "__objclass__", None)
+    out = [f"{module}.{qualname}"] if isinstance(module, str) and isinstance(qualname, str) else []
+    if isinstance(name, str):
+        if owner is not None:
+            out.append(f"{owner.__module__}.{owner.__qualname__}.{name}")
+        out += [f"{prefix}.{name}" for prefix in _PUBLIC_HOMES]
+    return out
+
+
+# Where builtin functions without a usable __module__ usually live (torch.tanh, ...).
+_PUBLIC_HOMES = ("torch", "torch.nn.functional", "torch.Tensor", "torch.special", "torch.linalg",
+                 "torch.fft", "operator", "math")
+
+
 def qualified_name(obj: Any) -> str:
-    """``module.qualname`` of a class or function (``str(obj)`` for anything else)."""
+    """A dotted name that :func:`resolve_qualified` maps back to ``obj`` when there is one
+    (classes, functions, torch builtins, Tensor methods); else the best available name."""
     if isinstance(obj, str):
         return obj
     if isinstance(obj, (OpOverload, HigherOrderOperator)):
         return encode_target(obj, "qualified_name")
-    module = getattr(obj, "__module__", None)
-    qualname = getattr(obj, "__qualname__", None)
-    if isinstance(module, str) and isinstance(qualname, str):
-        return f"{module}.{qualname}"
-    return str(obj)
+    if isinstance(obj, OpOverloadPacket):
+        return obj._qualified_op_name  # "ns::op"
+    candidates = _name_candidates(obj)
+    for text in candidates:
+        if resolve_qualified(text) is obj:
+            return text
+    return candidates[0] if candidates else str(obj)
 
 
 def _lookup(obj: Any, attr: str) -> Any:
@@ -182,14 +203,28 @@ def _lookup(obj: Any, attr: str) -> Any:
 _MISSING = object()
 
 
+def _resolve_op_or_packet(text: str) -> Any:
+    namespace, _, op_name = text.partition("::")
+    if "." in op_name or not (_OP_PART.match(namespace) and _OP_PART.match(op_name)):
+        try:
+            return _resolve_op(text, "")
+        except SerializationError:
+            return text
+    ns_obj = getattr(torch.ops, namespace, None)
+    if not isinstance(ns_obj, _OpNamespace):
+        return text
+    try:
+        packet = getattr(ns_obj, op_name)
+    except (AttributeError, RuntimeError):
+        return text
+    return packet if isinstance(packet, OpOverloadPacket) else text
+
+
 def resolve_qualified(text: str) -> Any:
     """Best-effort: the already-imported object named ``text`` under an allowlisted root
     package, or ``text`` itself. Used for metadata only (``source_fn_stack``)."""
     if "::" in text:
-        try:
-            return _resolve_op(text, "")
-        except Exception:  # noqa: BLE001  # metadata is advisory: keep the name
-            return text
+        return _resolve_op_or_packet(text)
     parts = text.split(".")
     if parts[0] not in _SAFE_ROOTS:
         return text

@@ -6,24 +6,21 @@ calls and wrapped-function calls that ``root``'s Python code performed on its in
 ``symbolic_trace(root)`` wraps that graph in a :class:`GraphModule`.
 
 While a trace runs, ``nn.Module.__call__`` / ``nn.Module.__getattr__`` and the module globals
-holding wrapped / autowrapped functions are temporarily replaced; :class:`_TracePatches` owns
-every such replacement and undoes all of them when the trace ends, even on error.
+holding wrapped / autowrapped functions are temporarily replaced; :class:`_TracePatches` (in
+``_patching``, with ``wrap``) owns every such replacement and undoes all of them when the trace
+ends, even on error.
 """
 
 from __future__ import annotations
 
-import builtins
 import collections
 import copy
 import functools
 import gc
 import inspect
 import math
-import os
-import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from itertools import chain
 from types import FunctionType, ModuleType
 from typing import Any, ClassVar
@@ -32,6 +29,29 @@ import torch
 import torch.utils._pytree as torch_pytree
 
 from exportir import pytree
+from exportir.fx import _patching
+
+# wrap() and the trace-time patching context live in _patching; re-exported so code written
+# against torch.fx.tracer (and this module's former private surface) imports them from here.
+from exportir.fx._patching import (  # noqa: F401
+    _APPLY,
+    _PATCHED_MARK,
+    _REVERT,
+    _create_wrapped_func,
+    _create_wrapped_method,
+    _drop_item,
+    _find_proxy,
+    _first_proxy,
+    _Patch,
+    _restore_attr,
+    _restore_item,
+    _set_attr,
+    _set_item,
+    _TracePatches,
+    _wrapped_fns_to_patch,
+    _wrapped_methods_to_patch,
+    wrap,
+)
 from exportir.fx.codegen import _PyTreeCodeGen, _PyTreeInfo
 from exportir.fx.graph import Graph
 from exportir.fx.node import Argument, base_types
@@ -49,6 +69,13 @@ __all__ = [
 ]
 
 HAS_VARSTUFF = inspect.CO_VARARGS | inspect.CO_VARKEYWORDS
+
+
+def __getattr__(name: str) -> Any:
+    """Forward ``_current_patches`` (rebound on every trace) live from ``_patching``."""
+    if name == "_current_patches":
+        return _patching._current_patches
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # The unpatched Module hooks, captured once so nested traces never call a tracer's wrapper.
 _orig_module_call: Callable[..., Any] = torch.nn.Module.__call__
@@ -142,248 +169,6 @@ def _transfer_attrs(fr: object, to: object) -> None:
         if callable(value) or attr_name.startswith("__") or hasattr(to, attr_name):
             continue
         setattr(to, attr_name, value)
-
-
-# --------------------------------------------------------------------------------------------
-# Finding proxies in nested arguments
-# --------------------------------------------------------------------------------------------
-
-
-def _first_proxy(a: Any) -> Proxy | None:
-    """The first Proxy nested in tuples, lists, dicts or slices of ``a``, or None."""
-    if isinstance(a, Proxy):
-        return a
-    if isinstance(a, (tuple, list)):
-        items: Any = a
-    elif isinstance(a, dict):
-        items = a.values()
-    elif isinstance(a, slice):
-        items = (a.start, a.stop, a.step)
-    else:
-        return None
-    for x in items:
-        found = _first_proxy(x)
-        if found is not None:
-            return found
-    return None
-
-
-_find_proxy = _first_proxy
-
-
-# --------------------------------------------------------------------------------------------
-# wrap(): leaf functions
-# --------------------------------------------------------------------------------------------
-
-# (id(module globals), function name) -> module globals: names to wrap during every trace.
-_wrapped_fns_to_patch: dict[tuple[int, str], dict[str, Any]] = {}
-
-# (class, method name): methods recorded as call_method instead of traced through.
-_wrapped_methods_to_patch: list[tuple[type, str]] = []
-if os.environ.get("FX_PATCH_GETITEM") == "1":
-    _wrapped_methods_to_patch.append((torch.Tensor, "__getitem__"))
-
-# Marks replacement functions installed by _TracePatches (never torch.fx's own marker, so the
-# two implementations' wrap registries cannot mistake each other's wrappers).
-_PATCHED_MARK = "__exportir_fx_patched__"
-
-
-def _create_wrapped_func(orig_fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A stand-in for ``orig_fn`` that records a call_function node when given a Proxy."""
-
-    @functools.wraps(orig_fn)
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        proxy = _first_proxy((args, kwargs))
-        if proxy is None:
-            return orig_fn(*args, **kwargs)
-        result = proxy.tracer.create_proxy("call_function", orig_fn, args, kwargs)
-        result.node.meta["is_wrapped"] = True
-        return result
-
-    return wrapped
-
-
-def _create_wrapped_method(cls: type, name: str) -> Callable[..., Any]:
-    """A stand-in for ``cls.name`` that records a call_method node when given a Proxy."""
-    orig_fn = getattr(cls, name)
-
-    @functools.wraps(orig_fn)
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        proxy = _first_proxy((args, kwargs))
-        if proxy is None:
-            return orig_fn(*args, **kwargs)
-        return proxy.tracer.create_proxy("call_method", name, args, kwargs)
-
-    return wrapped
-
-
-def wrap(fn_or_name: Any) -> Any:
-    """Register a module-level function (or its name) as a leaf: traced calls to it are kept
-    as one ``call_function`` node instead of being traced through.
-
-    Must be called at the top level of the module defining (or importing) the function; usable
-    as a decorator. Returns its argument unchanged.
-    """
-    if not callable(fn_or_name) and not isinstance(fn_or_name, str):
-        raise RuntimeError(  # noqa: TRY004  # torch.fx's error type
-            "Unsupported type for global function! Must be either a callable or string name"
-        )
-    fn_name = fn_or_name if isinstance(fn_or_name, str) else fn_or_name.__name__
-    caller = sys._getframe(1)
-    if caller.f_code.co_name != "<module>":
-        raise NotImplementedError("wrap must be called at the top level of a module")
-    _wrapped_fns_to_patch[(id(caller.f_globals), fn_name)] = caller.f_globals
-    return fn_or_name
-
-
-# --------------------------------------------------------------------------------------------
-# _TracePatches: every temporary replacement made during a trace, undone in one place
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Patch:
-    """One replacement: ``owner[name]`` (a dict) or ``owner.name`` (a class)."""
-
-    owner: Any
-    name: str
-    original: Any
-    replacement: Any
-    kind: str  # "item": dict entry; "new_item": dict entry that did not exist; "attr": class attr
-
-    def apply(self) -> None:
-        _APPLY[self.kind](self)
-
-    def revert(self) -> None:
-        _REVERT[self.kind](self)
-
-
-def _set_item(p: _Patch) -> None:
-    p.owner[p.name] = p.replacement
-
-
-def _restore_item(p: _Patch) -> None:
-    p.owner[p.name] = p.original
-
-
-def _drop_item(p: _Patch) -> None:
-    p.owner.pop(p.name, None)
-
-
-def _set_attr(p: _Patch) -> None:
-    setattr(p.owner, p.name, p.replacement)
-
-
-def _restore_attr(p: _Patch) -> None:
-    setattr(p.owner, p.name, p.original)
-
-
-_APPLY: dict[str, Callable[[_Patch], None]] = {
-    "item": _set_item,
-    "new_item": _set_item,
-    "attr": _set_attr,
-}
-_REVERT: dict[str, Callable[[_Patch], None]] = {
-    "item": _restore_item,
-    "new_item": _drop_item,
-    "attr": _restore_attr,
-}
-
-_current_patches: _TracePatches | None = None
-
-
-class _TracePatches:
-    """Context object owning every global/class replacement made while one trace runs.
-
-    We intercept module calls and wrapped functions by replacement (torch.fx does the same);
-    this object is the only place that replaces anything, and ``__exit__`` restores all of
-    it in reverse order in a ``finally``-equivalent path, whether or not the trace failed.
-    """
-
-    def __init__(self) -> None:
-        self.patches: list[_Patch] = []
-        self._visited: set[int] = set()
-        self._prior: _TracePatches | None = None
-
-    def __enter__(self) -> _TracePatches:  # noqa: PYI034  # not subclassed
-        global _current_patches
-        self._prior, _current_patches = _current_patches, self
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        global _current_patches
-        try:
-            while self.patches:
-                self.patches.pop().revert()
-            self._visited.clear()
-        finally:
-            _current_patches = self._prior
-
-    def patch(
-        self, frame_dict: dict[str, Any], name: str, new_fn: Any, deduplicate: bool = True
-    ) -> None:
-        """Replace ``frame_dict[name]`` by ``new_fn`` (adding it if it names a builtin)."""
-        setattr(new_fn, _PATCHED_MARK, deduplicate)
-        if name not in frame_dict and hasattr(builtins, name):
-            self._record(_Patch(frame_dict, name, None, new_fn, "new_item"))
-            return
-        if getattr(frame_dict[name], _PATCHED_MARK, False):
-            return
-        self._record(_Patch(frame_dict, name, frame_dict[name], new_fn, "item"))
-
-    def patch_method(self, cls: type, name: str, new_fn: Any, deduplicate: bool = True) -> None:
-        """Replace the class attribute ``cls.name`` by ``new_fn``."""
-        setattr(new_fn, _PATCHED_MARK, deduplicate)
-        orig_fn = getattr(cls, name)
-        if getattr(orig_fn, _PATCHED_MARK, False):
-            return
-        self._record(_Patch(cls, name, orig_fn, new_fn, "attr"))
-
-    def _record(self, p: _Patch) -> None:
-        self.patches.append(p)
-        p.apply()
-
-    def visit_once(self, thing: object) -> bool:
-        """True the first time ``thing`` is seen by this context."""
-        key = id(thing)
-        if key in self._visited:
-            return False
-        self._visited.add(key)
-        return True
-
-    def revert_all_patches(self) -> list[_Patch]:
-        """Temporarily undo every replacement (kept for :meth:`reapply_all_patches`)."""
-        for p in self.patches:
-            p.revert()
-        return self.patches
-
-    def reapply_all_patches(self) -> list[_Patch]:
-        for p in self.patches:
-            p.apply()
-        return self.patches
-
-    def patch_wrapped_functions(self) -> None:
-        """Install wrappers for every ``wrap()``-registered name and method."""
-        for (_, name), frame_dict in list(_wrapped_fns_to_patch.items()):
-            if name not in frame_dict and hasattr(builtins, name):
-                orig_fn = getattr(builtins, name)
-            else:
-                orig_fn = frame_dict[name]
-            self.patch(frame_dict, name, _create_wrapped_func(orig_fn))
-        for cls, name in _wrapped_methods_to_patch:
-            self.patch_method(cls, name, _create_wrapped_method(cls, name))
-
-    def autowrap(self, frame_dict: dict[str, Any], function_ids: set[int]) -> None:
-        """Wrap, in ``frame_dict``, the public globals whose identity is in ``function_ids``."""
-        if not self.visit_once(frame_dict):
-            return
-        hits = [
-            (name, value)
-            for name, value in frame_dict.items()
-            if not name.startswith("_") and callable(value) and id(value) in function_ids
-        ]
-        for name, value in hits:
-            self.patch(frame_dict, name, _create_wrapped_func(value))
 
 
 class _GCPaused:

@@ -20,6 +20,7 @@ import operator
 import struct
 import time
 import zipfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -833,6 +834,34 @@ def test_fuzz_structured_program_json(saved: bytes, data: st.DataObject) -> None
     _load_or_serialization_error(rebuild(parts))
 
 
+COMPAT_DIR = Path(__file__).resolve().parents[1] / "compat"
+COMPAT_FILES = {"1.0": COMPAT_DIR / "exported_program_1_0.pt2"}
+
+
+def write_compat_file(path: Path) -> None:
+    """The hand-built program plus, as extra files, what loading it must give: the printed
+    signature and the outputs of ``module()`` on the stored example inputs."""
+    ep = make_program()
+    args, kwargs = ep.example_inputs
+    outputs = pytree.tree_leaves(make_program().module()(*args, **kwargs))
+    expected = encode_tensors({str(i): t.detach() for i, t in enumerate(outputs)})
+    save(ep, path, extra_files={"expected_signature.txt": str(ep.graph_signature),
+                                "expected_outputs.safetensors": expected})
+
+
+@pytest.mark.parametrize("version", sorted(COMPAT_FILES))
+def test_released_format_versions_still_load(version: str) -> None:
+    extra: dict[str, Any] = {"expected_signature.txt": "", "expected_outputs.safetensors": b""}
+    ep = load(COMPAT_FILES[version], extra_files=extra)
+    assert str(ep.graph_signature) == extra["expected_signature.txt"]
+    expected, _ = decode_tensors(extra["expected_outputs.safetensors"], "expected")
+    args, kwargs = ep.example_inputs
+    got = pytree.tree_leaves(ep.module()(*args, **kwargs))
+    assert len(got) == len(expected)
+    for i, t in enumerate(got):
+        assert torch.equal(t, expected[str(i)]), i
+
+
 # --------------------------------------------------------------------------- exported models
 
 
@@ -866,3 +895,11 @@ def test_round_trip_exported_corpus(entry: Any) -> None:
     assert len(flat_e) == len(flat_g)
     for a, b in zip(flat_e, flat_g, strict=True):
         assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+
+
+if __name__ == "__main__":
+    # Write the compatibility file of the current format version (only when releasing one:
+    # files of released versions are never regenerated).
+    import sys
+
+    write_compat_file(Path(sys.argv[1]))

@@ -125,6 +125,12 @@ class Recorder:
         special = SPECIAL_OPS.get(func)
         if special is not None:
             return special(self, func, args, kwargs)
+        if _is_composite_implicit(func):
+            # reached below autograd (from inside a decomposition): decompose like autograd would
+            with self.mode:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
         _check_mutations(self, func, args, kwargs)
         out = run_fake(func, args, kwargs, self.converter)
         if not _has_tensor(out):
@@ -199,6 +205,39 @@ SPECIAL_OPS: dict[Any, SpecialRule] = {
     aten.lift_fresh.default: _lift_fresh,
     aten.lift_fresh_copy.default: _lift_fresh,
 }
+
+
+@lru_cache(maxsize=None)
+def _is_composite_implicit(func: Any) -> bool:
+    name = getattr(func, "name", None)
+    if name is None:
+        return False
+    return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+
+
+class TraceSettings:
+    """Process-wide torch settings capture runs under, restored on exit.
+
+    The Python dispatcher makes torch's Python CompositeImplicitAutograd kernels (the ones in
+    ``torch._decomp``, e.g. for ``lstm``) run instead of the C++ ones, and oneDNN (mkldnn) is
+    off so CPU RNNs decompose into ordinary ATen ops rather than ``mkldnn_rnn_layer``: the
+    recorded ops are then the ones torch.export's decomposition produces.
+    """
+
+    __slots__ = ("_dispatcher", "_mkldnn")
+
+    def __enter__(self) -> TraceSettings:
+        self._dispatcher = torch._C._EnablePythonDispatcher()
+        self._dispatcher.__enter__()
+        self._mkldnn = torch.backends.mkldnn.flags(enabled=False)
+        self._mkldnn.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._mkldnn.__exit__(*exc)
+        finally:
+            self._dispatcher.__exit__(*exc)
 
 
 # --- checks ------------------------------------------------------------------------------
@@ -353,7 +392,7 @@ def capture(mod: torch.nn.Module, args: tuple, kwargs: dict) -> CaptureResult:
     fake_args, fake_kwargs = pytree.tree_unflatten(fake_leaves, in_spec)
     with ModuleState(mod) as state, ModuleCalls(mod) as calls, TorchFunctions() as functions:
         rec.modules, rec.functions = calls, functions
-        with CaptureMode(rec):
+        with TraceSettings(), CaptureMode(rec):
             out = mod(*fake_args, **fake_kwargs)
             reassigned = {fqn: rec.node_for(t) for fqn, t in state.reassigned_buffers().items()}
     flat_out, out_spec = pytree.tree_flatten(out)
@@ -498,7 +537,7 @@ def retrace(
         node.meta.update({k: v for k, v in ph.meta.items() if k != "val"})
         env[ph] = fake
     output = None
-    with CaptureMode(rec):
+    with TraceSettings(), CaptureMode(rec):
         for node in gm.graph.nodes:
             if node.op == "call_function":
                 rec.origin = node

@@ -116,16 +116,26 @@ def _parse_entries(manifest: dict[str, Any]) -> dict[str, _Expected]:
 class Archive:
     """A zip opened for reading with the manifest already validated."""
 
-    __slots__ = ("_expected", "_zf", "producer")
+    __slots__ = ("_expected", "_owned", "_zf", "producer")
 
     def __init__(self, f: str | os.PathLike[str] | IO[bytes]) -> None:
-        source = os.fspath(f) if isinstance(f, (str, os.PathLike)) else _seekable(f)
+        # A path is opened here, so that OSErrors (missing file, permissions) propagate as
+        # such; everything after that is about the file's contents.
+        self._owned: IO[bytes] | None = None
+        if isinstance(f, (str, os.PathLike)):
+            self._owned = open(os.fspath(f), "rb")  # noqa: SIM115  # closed in close()
         try:
-            self._zf = zipfile.ZipFile(source, "r")
-        except FileNotFoundError:
-            raise
+            self._zf = zipfile.ZipFile(self._owned if self._owned else _seekable(f), "r")
         except _ZIP_ERRORS as e:
+            self._close_owned()
             fail("archive", f"not a readable zip file ({type(e).__name__}: {e})")
+        try:
+            self._read_manifest()
+        except BaseException:
+            self.close()
+            raise
+
+    def _read_manifest(self) -> None:
         self._check_members()
         manifest = as_dict(loads_json(self._read(MANIFEST, None), MANIFEST), MANIFEST)
         check_keys(manifest, {"format", "version", "producer", "entries"}, set(), MANIFEST)
@@ -135,6 +145,11 @@ class Archive:
 
     def close(self) -> None:
         self._zf.close()
+        self._close_owned()
+
+    def _close_owned(self) -> None:
+        if self._owned is not None:
+            self._owned.close()
 
     def __enter__(self) -> Self:
         return self

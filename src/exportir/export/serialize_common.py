@@ -27,7 +27,9 @@ __all__ = [
     "as_str",
     "check_identifier",
     "check_keys",
+    "dumps_json",
     "fail",
+    "guarded",
     "loads_json",
 ]
 
@@ -94,8 +96,7 @@ def as_list(value: Any, where: str) -> list[Any]:
 
 
 def as_str(value: Any, where: str) -> str:
-    text = _expect(value, str, "a string", where)
-    return text
+    return _expect(value, str, "a string", where)
 
 
 def as_bool(value: Any, where: str) -> bool:

@@ -445,6 +445,7 @@ class ExportedProgram:
         flat_fake = [n.meta["val"] for n in self.graph.find_nodes(op="placeholder")]
         new_gm = retrace(self._graph_module, flat_fake, decomposition_table=table)
         signature, renames = _signature_after_rewrite(self._graph_signature, new_gm)
+        remove_state_update_copies(new_gm, signature)
         call_graph = copy.deepcopy(self._module_call_graph)
         _rename_call_graph(call_graph, renames)
         return ExportedProgram(
@@ -524,6 +525,24 @@ class ExportedProgram:
 
 
 # ---------------------------------------------------------------------------- rewrites
+
+
+def remove_state_update_copies(gm: GraphModule, signature: ExportGraphSignature) -> None:
+    """Return ``new`` instead of ``aten.copy(old, new)`` for mutated buffers / parameters.
+
+    Re-capturing a module that writes its buffers with ``copy_`` (as ``ExportedProgram.module()``
+    does) records a functional ``copy`` whose result is the buffer's new value; the copy is
+    redundant, the copied value is the update. The signature follows the renamed outputs.
+    """
+    mutated = {**signature.buffers_to_mutate, **signature.parameters_to_mutate}
+    output = gm.graph.output_node()
+    with gm._set_replace_hook(signature.get_replace_hook()):
+        for value in list(output.args[0]):
+            is_copy = isinstance(value, Node) and value.target is torch.ops.aten.copy.default
+            if is_copy and value.name in mutated:
+                value.replace_all_uses_with(value.args[1])
+                gm.graph.erase_node(value)
+    gm.recompile()
 
 
 def _renamed(arg: ArgumentSpec, node: Any) -> ArgumentSpec:

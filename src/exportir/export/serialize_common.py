@@ -172,10 +172,11 @@ def dumps_json(obj: Any) -> bytes:
 
 
 def guarded(where: str, fn: Callable[[], Any], what: str) -> Any:
-    """Run a torch call on checked inputs; turn any torch complaint into SerializationError."""
+    """Build something from checked file data (a tensor, a spec, a GraphModule); whatever the
+    builder raises means the file is bad, so it becomes a SerializationError (chained)."""
     try:
         return fn()
     except SerializationError:
         raise
-    except (RuntimeError, ValueError, TypeError, OverflowError, IndexError) as e:
-        fail(where, f"{what}: {e}")
+    except Exception as e:  # untrusted input: every failure is a load error
+        raise SerializationError(f"{where}: {what}: {type(e).__name__}: {e}") from e

@@ -53,20 +53,16 @@ def ours() -> ExportImpl:
 
         return ExportImpl(name, te.export, te.save, te.load, te.register_dataclass, te)
     mod = importlib.import_module(name)
-    export = getattr(mod, "export", None)
-    if export is None or not callable(export):
-        # ``exportir.export`` may be the subpackage while the lead has not re-exported the
-        # function yet: use ``exportir.export.export`` then.
-        sub = importlib.import_module(f"{name}.export")
-        export = sub.export
-    return ExportImpl(
-        name,
-        export,
-        getattr(mod, "save", None),
-        getattr(mod, "load", None),
-        getattr(mod, "register_dataclass", None),
-        mod,
-    )
+    # The top-level re-exports may lag behind the subpackage: fall back to ``<name>.export``.
+    sub = importlib.import_module(f"{name}.export")
+
+    def entry(attr: str) -> Any:
+        value = getattr(mod, attr, None)
+        if value is None or not callable(value) or isinstance(value, type(sub)):
+            value = getattr(sub, attr, None)
+        return value
+
+    return ExportImpl(name, entry("export"), entry("save"), entry("load"), entry("register_dataclass"), mod)
 
 
 def torch_export(module: torch.nn.Module, args: tuple, kwargs: dict | None = None) -> Any:

@@ -132,8 +132,8 @@ def register_dataclasses() -> None:
     if "exportir.pytree" not in _REGISTERED:
         exportir.pytree.register_namedtuple(Pair, serialized_type_name=_PAIR_NAME)
         _REGISTERED.add("exportir.pytree")
-    register = getattr(exportir, "register_dataclass", None)
-    if "exportir" not in _REGISTERED and register is not None:
+    register = getattr(exportir, "register_dataclass", None) or exportir.pytree.register_dataclass
+    if "exportir" not in _REGISTERED:
         register(BothRegisteredInput, serialized_type_name=_BOTH_NAME)
         _REGISTERED.add("exportir")
 

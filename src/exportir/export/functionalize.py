@@ -122,8 +122,15 @@ def functional_variant(func: Any) -> Any:
     """The functional overload with the same arguments (``add_.Tensor`` -> ``add.Tensor``,
     ``add.out`` -> ``add.Tensor``, ``_native_batch_norm_legit`` -> ``..._functional``)."""
     name = func._schema.name.split("::")[-1]
-    packet_names = [name[:-1]] if name.endswith("_") else [name, name + "_functional"]
-    want = _arg_key(func, drop_out=not name.endswith("_"))
+    written = [func._schema.arguments[i] for i in _written_args(func)]
+    is_out = bool(written) and all(a.kwarg_only for a in written)
+    if name.endswith("_"):
+        packet_names = [name[:-1]]
+    elif is_out:
+        packet_names = [name]
+    else:  # mutable arguments: the functional op returns their new values too
+        packet_names = [name + "_functional"]
+    want = _arg_key(func, drop_out=is_out)
     for packet_name in packet_names:
         packet = getattr(aten, packet_name, None)
         if packet is None:
@@ -454,6 +461,11 @@ class Functionalizer:
             self.version[n] = 0
 
     def _mutation(self, n: Node) -> None:
+        if n.target is aten.copy_.default and self._whole_copy(n):
+            # dst.copy_(src) over a whole tensor of the same metadata: dst's new value is src
+            self.write(n.args[0], self.read(n.args[1]))
+            self.same[n] = n.args[0]
+            return
         rule = REWRITES.get(n.target, default_rewrite)
         rewrite = rule(n)
         if rewrite is None:  # value unchanged: the result is the argument
@@ -467,6 +479,15 @@ class Functionalizer:
             self.write(written, value)
         if rewrite.result_alias is not None:
             self.same[n] = rewrite.result_alias
+
+    def _whole_copy(self, n: Node) -> bool:
+        dst, src = n.args[0], n.args[1]
+        if not isinstance(src, Node) or self.chain.get(self.resolve(dst)):
+            return False
+        d, s = dst.meta.get("val"), src.meta.get("val")
+        if not isinstance(d, torch.Tensor) or not isinstance(s, torch.Tensor):
+            return False
+        return d.shape == s.shape and d.dtype == s.dtype and d.device == s.device
 
     def map_arg_dict(self, kwargs: dict) -> dict:
         return {k: self.map_arg(v) for k, v in kwargs.items()}

@@ -580,3 +580,34 @@ def test_run_decompositions_matches_torch(name):
     a2, k2 = em.clone_inputs(args, kwargs)
     with torch.no_grad():
         _assert_tree_equal(ep.module()(*a1, **k1), from_torch(tep).module()(*a2, **k2), name)
+
+
+# ---------------------------------------------------------------------------- with capture
+
+
+class _Simple(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 3))
+        self.register_buffer("steps", torch.zeros(3))
+
+    def forward(self, x, *, scale):
+        self.steps.add_(1)
+        return {"out": (x.mm(self.w) * scale).relu() + self.steps, "n": x.sum()}
+
+
+def test_exported_simple_model_prints_like_torch():
+    from exportir.export import export
+
+    args, kwargs = (torch.randn(2, 4),), {"scale": torch.randn(3)}
+    torch.manual_seed(0)
+    ep = export(_Simple(), args, kwargs)
+    torch.manual_seed(0)
+    tep = torch_program(_Simple(), args, kwargs)
+    assert _lines(str(ep)) == _lines(str(tep))
+    ours, theirs = ep.module(), tep.module(check_guards=False)
+    assert ours.code == theirs.code
+    _assert_tree_equal(ours(*args, **kwargs), theirs(*args, **kwargs), "simple model")
+    assert _error(ours, torch.randn(5, 4), scale=torch.randn(3)) == _error(
+        theirs, torch.randn(5, 4), scale=torch.randn(3)
+    )

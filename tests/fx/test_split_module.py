@@ -310,3 +310,53 @@ def test_node_partition_attribute_and_qualname_map():
     assert qmap == {"submod_7.sub": "sub"}
     assert next(n for n in gm.graph.nodes if n.op == "call_module")._fx_partition == "7"
     assert out.meta["partition_names"] == {"submod_7"}
+
+
+# --------------------------------------------------------------------------------------------
+# Symbolic sizes in ``meta["example_value"]``: a partition reading a tensor of size s0 also
+# receives the node binding s0.
+
+
+def _symbolic_graph(fx, bind_placeholder: bool):
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    s0 = env.create_symintnode(env.create_symbol(3, ConstantSource("s0")), hint=3)
+    s1 = env.create_symintnode(env.create_symbol(5, ConstantSource("s1")), hint=5)
+    xv = torch.empty(s0, 4, device="meta")
+    g = fx.Graph()
+
+    def node(n, value):
+        n.meta["example_value"] = value
+        return n
+    if bind_placeholder:
+        node(g.placeholder("s"), s0)
+    x = node(g.placeholder("x"), xv)
+    n = node(g.placeholder("n"), s1)
+    a = node(g.call_function(torch.sin, (x,)), xv)
+    size = node(g.call_method("size", (a, 0)), s0)
+    b = node(g.call_function(torch.cos, (a,)), xv)
+    c = node(g.call_function(torch.ones, (size, n)), torch.empty(s0, s1, device="meta"))
+    d = node(g.call_function(operator.add, (b, 1)), xv)
+    g.output((c, d))
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+@pytest.mark.parametrize("bind_placeholder", [True, False])
+@pytest.mark.parametrize("size_partition", [0, 1])
+def test_symbolic_example_values(bind_placeholder, size_partition):
+    ids = {"sin": 0, "size": size_partition, "cos": 2, "ones": 3, "add": 4}
+    results = []
+    for fx, split in ((torch.fx, torch_split_module), (ours_fx, split_module)):
+        try:
+            results.append(split(_symbolic_graph(fx, bind_placeholder), None,
+                                 lambda n: ids[n.name]))
+        except Exception as e:  # noqa: BLE001  # compared below
+            results.append(e)
+    theirs, ours = results
+    if isinstance(theirs, Exception):
+        assert type(ours) is type(theirs) and str(ours) == str(theirs)
+        return
+    for (name, t_mod), (_, o_mod) in zip(_graph_modules(theirs), _graph_modules(ours)):
+        assert o_mod.code == t_mod.code, f"code of {name or 'parent'}"

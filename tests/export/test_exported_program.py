@@ -582,6 +582,43 @@ def test_run_decompositions_matches_torch(name):
         _assert_tree_equal(ep.module()(*a1, **k1), from_torch(tep).module()(*a2, **k2), name)
 
 
+class _Cond(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x, p):
+        return torch.cond(p.sum() > 0, lambda x: self.lin(x).sin(), lambda x: x.cos(), (x,))
+
+
+def test_cond_program_with_branch_subgraphs():
+    tep = torch_program(_Cond(), (torch.randn(2, 3), torch.randn(2)))
+    ep = from_torch(tep)
+    assert str(ep) == str(tep)
+    assert isinstance(ep.graph_module.true_graph_0, efx.GraphModule)
+    ours, theirs = ep.module(), tep.module(check_guards=False)
+    assert ours.code == theirs.code
+    x = torch.randn(2, 3)
+    for p in (torch.ones(2), -torch.ones(2)):
+        torch.testing.assert_close(ours(x, p), theirs(x, p))
+
+
+def test_root_may_be_a_dict_of_attributes():
+    tep = torch_program(_Cond(), (torch.randn(2, 3), torch.randn(2)))
+    gm = convert_graph_module(tep.graph_module)
+    root = dict(gm.named_children())
+    ep = ExportedProgram(
+        root,
+        gm.graph,
+        convert_signature(tep.graph_signature),
+        dict(tep.state_dict),
+        {},
+        convert_call_graph(tep.module_call_graph),
+    )
+    assert ep.graph_module.false_graph_0 is root["false_graph_0"]
+    assert ep.example_inputs is None and ep.constants == {}
+
+
 # ---------------------------------------------------------------------------- with capture
 
 

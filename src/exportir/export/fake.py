@@ -239,8 +239,17 @@ def _call_meta(func: Any, u: _Unwrapped) -> Any:
     with _no_modes():
         try:
             return func(*u.args, **u.kwargs)
-        except NotImplementedError as err:
+        except (NotImplementedError, RuntimeError) as err:
+            if not _is_missing_kernel(err):
+                raise
             return _fallback_meta(func, u, err)
+
+
+def _is_missing_kernel(err: Exception) -> bool:
+    if isinstance(err, NotImplementedError):
+        return True
+    text = str(err).lower()
+    return "no fake impl" in text or ("could not run" in text and "meta" in text)
 
 
 def _fallback_meta(func: Any, u: _Unwrapped, err: Exception) -> Any:

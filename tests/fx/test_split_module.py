@@ -211,9 +211,9 @@ def _attrs_graph(g):
     c = g.call_function(operator.add, (a, b))
     d = g.call_method("mul", (c, y))
     e = g.call_function(torch.relu, (d,))
-    f = g.call_function(torch.add, (e, sub), )
-    g.erase_node(f)
-    g.output((e, c))
+    bias = g.call_function(getattr, (sub, "bias"))  # a module-valued get_attr crossing over
+    f = g.call_function(torch.add, (e, bias))
+    g.output((f, c))
 
 
 def _grad_graph(g):

@@ -18,9 +18,17 @@ FORBIDDEN_TORCH = (
 )
 
 # package -> exportir packages it may import (besides itself)
+_CAPTURE = {"pytree", "fx", "symbolic", "export"}
 ALLOWED_INTERNAL = {
     "pytree": set(),
+    "symbolic": set(),
     "fx": {"pytree"},
+    "export": {"pytree", "fx", "symbolic"},
+    "dialects": _CAPTURE,
+    "passes": _CAPTURE | {"dialects"},
+    "program": _CAPTURE | {"dialects", "passes", "backends"},
+    # the runtime sees only the program format (finer rule: tests/runtime/test_imports.py)
+    "runtime": {"program"},
 }
 
 

@@ -17,8 +17,8 @@ from collections import Counter, namedtuple
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 from exportir.export._export import export
 from exportir.export.capture import ExportError, retrace
@@ -240,9 +240,15 @@ def test_metadata_contract(name):
 
 def test_nn_module_stack_matches_torch_for_nested_modules():
     _, _, _, ours, theirs = _both("nested")
-    stacks_ours = {tuple(n.meta["nn_module_stack"].items()) for n in ours.graph.nodes if n.op == "call_function"}
+    stacks_ours = {
+        tuple(n.meta["nn_module_stack"].items())
+        for n in ours.graph.nodes
+        if n.op == "call_function"
+    }
     stacks_torch = {
-        tuple(n.meta["nn_module_stack"].items()) for n in theirs.graph.nodes if n.op == "call_function"
+        tuple(n.meta["nn_module_stack"].items())
+        for n in theirs.graph.nodes
+        if n.op == "call_function"
     }
     assert stacks_ours == stacks_torch
 

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 import torch
-import torch.nn as nn
+from torch import nn
 
 from exportir.export._export import export
 from exportir.export.functionalize import FunctionalizationError, functional_variant
@@ -131,7 +131,9 @@ def test_user_input_mutations_are_outputs_in_input_order():
 def test_view_write_decomposes_like_torch():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        theirs = torch.export.export(InputWrites(), (torch.randn(3), torch.randn(2, 3)), strict=False)
+        theirs = torch.export.export(
+            InputWrites(), (torch.randn(3), torch.randn(2, 3)), strict=False
+        )
         theirs = theirs.run_decompositions()
     ours = export(InputWrites(), (torch.randn(3), torch.randn(2, 3))).run_decompositions()
     assert _targets(ours) == _targets(theirs)
@@ -144,7 +146,9 @@ def test_batchnorm_functional_form(training):
     targets = _targets(ep)
     if training:
         assert targets[aten._native_batch_norm_legit_functional.default] == 1
-        mutated = [s.target for s in ep.graph_signature.output_specs if s.kind.name == "BUFFER_MUTATION"]
+        mutated = [
+            s.target for s in ep.graph_signature.output_specs if s.kind.name == "BUFFER_MUTATION"
+        ]
         assert mutated == ["running_mean", "running_var", "num_batches_tracked"]
     else:
         assert targets[aten._native_batch_norm_legit_no_training.default] == 1

@@ -49,15 +49,17 @@ def export(
 
 def _normalize(mod: Any, args: Any, kwargs: Any) -> tuple[torch.nn.Module, tuple, dict]:
     if not isinstance(args, tuple):
-        raise ValueError(
+        raise ValueError(  # noqa: TRY004  (torch.export raises ValueError here)
             f"Expecting `args` to be a tuple of example positional inputs, got {type(args)}"
         )
     kwargs = {} if kwargs is None else kwargs
     if not isinstance(kwargs, dict):
-        raise ValueError(f"Expecting `kwargs` to be a dict of example inputs, got {type(kwargs)}")
+        raise ValueError(  # noqa: TRY004  (torch.export raises ValueError here)
+            f"Expecting `kwargs` to be a dict of example inputs, got {type(kwargs)}"
+        )
     if not isinstance(mod, torch.nn.Module):
         if not callable(mod):
-            raise ValueError(f"Expected an nn.Module or a callable, got {type(mod)}")
+            raise TypeError(f"Expected an nn.Module or a callable, got {type(mod)}")
         mod = _FunctionModule(mod)
     return mod, args, kwargs
 
@@ -67,10 +69,10 @@ class _FunctionModule(torch.nn.Module):
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         super().__init__()
-        self._fn = fn
+        self.exported_function = fn
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self._fn(*args, **kwargs)
+        return self.exported_function(*args, **kwargs)
 
 
 def _program(result: Any, args: tuple, kwargs: dict) -> Any:

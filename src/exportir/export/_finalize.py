@@ -34,7 +34,9 @@ _INPUT_KINDS = {
 _RANK = {"parameter": 0, "buffer": 1, "constant": 2, "user": 3}
 
 
-def finalize(rec: Recorder, reassigned: dict[str, Node]) -> tuple[GraphModule, ExportGraphSignature]:
+def finalize(
+    rec: Recorder, reassigned: dict[str, Node]
+) -> tuple[GraphModule, ExportGraphSignature]:
     fz, old_out = functionalize(rec.graph)
     lifted_of = {fz.placeholders[old]: lifted for old, lifted in rec.inputs.items()}
     mutations = _mutations(fz, rec, reassigned)
@@ -48,9 +50,13 @@ def finalize(rec: Recorder, reassigned: dict[str, Node]) -> tuple[GraphModule, E
     return GraphModule(torch.nn.Module(), graph), signature
 
 
-def _mutations(fz: Functionalizer, rec: Recorder, reassigned: dict[str, Node]) -> list[tuple[Node, Node]]:
+def _mutations(
+    fz: Functionalizer, rec: Recorder, reassigned: dict[str, Node]
+) -> list[tuple[Node, Node]]:
     """(new placeholder, final value) for each mutated buffer / user input, in input order."""
-    by_target = {lifted.target: old for old, lifted in rec.inputs.items() if lifted.kind == "buffer"}
+    by_target = {
+        lifted.target: old for old, lifted in rec.inputs.items() if lifted.kind == "buffer"
+    }
     assigned = {by_target[fqn]: node for fqn, node in reassigned.items()}
     found = []
     for old, new in fz.placeholders.items():
@@ -104,10 +110,14 @@ def _signature(
     for placeholder, value in mutations:
         lifted = lifted_of[placeholder]
         if lifted.kind == "buffer":
-            outputs.append(OutputSpec(OutputKind.BUFFER_MUTATION, make_argument_spec(value), lifted.target))
+            outputs.append(
+                OutputSpec(OutputKind.BUFFER_MUTATION, make_argument_spec(value), lifted.target)
+            )
         else:
             outputs.append(
-                OutputSpec(OutputKind.USER_INPUT_MUTATION, make_argument_spec(value), placeholder.name)
+                OutputSpec(
+                    OutputKind.USER_INPUT_MUTATION, make_argument_spec(value), placeholder.name
+                )
             )
     for value in user_outputs:
         outputs.append(OutputSpec(OutputKind.USER_OUTPUT, make_argument_spec(value), None))

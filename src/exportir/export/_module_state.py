@@ -11,7 +11,7 @@ restores the snapshot on exit whatever happened.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import torch
 
@@ -48,7 +48,7 @@ class ModuleState:
             for fqn, mod in root.named_modules()
         ]
 
-    def __enter__(self) -> ModuleState:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

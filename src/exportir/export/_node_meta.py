@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import linecache
 import sys
-from typing import Any
+from typing import Any, Self
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -46,7 +46,7 @@ def _frame_text(filename: str, lineno: int, name: str) -> str:
     return text
 
 
-def current_stack_trace() -> str | None:
+def current_stack_trace() -> str:
     """The ``forward`` frames of the Python stack, formatted as torch.export formats them."""
     frames = []
     frame = sys._getframe(1)
@@ -54,8 +54,8 @@ def current_stack_trace() -> str | None:
         if _is_user_forward(frame.f_code):
             frames.append(_frame_text(frame.f_code.co_filename, frame.f_lineno, "forward"))
         frame = frame.f_back
-    if not frames:
-        return None
+    if not frames:  # not inside any forward (a function export): the innermost user frame
+        return innermost_user_frame()
     return "\n  ".join(reversed(frames))
 
 
@@ -72,7 +72,7 @@ def innermost_user_frame() -> str:
 
 def _is_library_file(filename: str) -> bool:
     norm = filename.replace("\\", "/")
-    return "/torch/" in norm or norm.startswith(_EXPORTIR_DIR) or norm.startswith("<frozen")
+    return "/torch/" in norm or norm.startswith((_EXPORTIR_DIR, "<frozen"))
 
 
 def qualified_class_name(cls: type) -> str:
@@ -87,7 +87,7 @@ class ModuleCalls:
     them, whatever happened in between.
     """
 
-    __slots__ = ("_names", "_stack", "_handles", "_snapshot", "called")
+    __slots__ = ("_handles", "_names", "_snapshot", "_stack", "called")
 
     def __init__(self, root: torch.nn.Module) -> None:
         self._names: dict[int, str] = {}
@@ -98,7 +98,7 @@ class ModuleCalls:
         self._snapshot: dict[str, tuple[str, str]] | None = {}
         self.called: list[str] = []
 
-    def __enter__(self) -> ModuleCalls:
+    def __enter__(self) -> Self:
         hooks = torch.nn.modules.module
         self._handles = [
             hooks.register_module_forward_pre_hook(self._pre),
@@ -134,7 +134,7 @@ class ModuleCalls:
     def innermost(self) -> tuple[str, torch.nn.Module] | None:
         if not self._stack:
             return None
-        key, (fqn, _), mod = self._stack[-1]
+        _, (fqn, _), mod = self._stack[-1]
         return fqn, mod
 
 

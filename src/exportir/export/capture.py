@@ -16,8 +16,8 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Any
+from functools import cache
+from typing import Any, Self
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -170,9 +170,7 @@ class Recorder:
                 if key in origin.meta:
                     node.meta[key] = origin.meta[key]
         else:
-            trace = current_stack_trace()
-            if trace is not None:
-                node.meta["stack_trace"] = trace
+            node.meta["stack_trace"] = current_stack_trace()
             node.meta["nn_module_stack"] = self.modules.current() if self.modules else {}
             node.meta["source_fn_stack"] = source_fn_entry(self.modules, self.functions, func)
         node.meta["val"] = val
@@ -207,7 +205,7 @@ SPECIAL_OPS: dict[Any, SpecialRule] = {
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def _is_composite_implicit(func: Any) -> bool:
     name = getattr(func, "name", None)
     if name is None:
@@ -226,16 +224,16 @@ class TraceSettings:
 
     __slots__ = ("_dispatcher", "_mkldnn")
 
-    def __enter__(self) -> TraceSettings:
+    def __enter__(self) -> Self:
         self._dispatcher = torch._C._EnablePythonDispatcher()
         self._dispatcher.__enter__()
-        self._mkldnn = torch.backends.mkldnn.flags(enabled=False)
-        self._mkldnn.__enter__()
+        self._mkldnn = torch._C._get_mkldnn_enabled()
+        torch._C._set_mkldnn_enabled(False)
         return self
 
     def __exit__(self, *exc: object) -> None:
         try:
-            self._mkldnn.__exit__(*exc)
+            torch._C._set_mkldnn_enabled(self._mkldnn)
         finally:
             self._dispatcher.__exit__(*exc)
 
@@ -243,7 +241,7 @@ class TraceSettings:
 # --- checks ------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=None)
+@cache
 def mutated_arg_names(func: Any) -> tuple[str, ...]:
     """Names of the schema arguments an op writes to (``self`` of ``add_``, ``out``...)."""
     schema = getattr(func, "_schema", None)
@@ -430,11 +428,16 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
+def _forward_of(mod: torch.nn.Module) -> Callable[..., Any]:
+    """What names the inputs: ``forward``, or the function a function-export wraps."""
+    return getattr(mod, "exported_function", None) or mod.forward
+
+
 def _bind_inputs(mod: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
     import inspect
 
     try:
-        sig = inspect.signature(mod.forward)
+        sig = inspect.signature(_forward_of(mod))
         bound = sig.bind_partial(*args).arguments
     except (TypeError, ValueError) as err:
         raise ExportError(
@@ -448,12 +451,14 @@ def _arg_names(mod: torch.nn.Module, args: tuple) -> list[str]:
     import inspect
 
     try:
-        return list(inspect.signature(mod.forward).bind_partial(*args).arguments)
+        return list(inspect.signature(_forward_of(mod)).bind_partial(*args).arguments)
     except (TypeError, ValueError):
         return []
 
 
-def _user_inputs(rec: Recorder, mod: torch.nn.Module, args: tuple, kwargs: dict, flat: list) -> list:
+def _user_inputs(
+    rec: Recorder, mod: torch.nn.Module, args: tuple, kwargs: dict, flat: list
+) -> list:
     names = flatten_with_names(_bind_inputs(mod, args, kwargs))
     fakes = []
     for (name, _), leaf in zip(names, flat):

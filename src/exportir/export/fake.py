@@ -20,7 +20,7 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -46,7 +46,7 @@ class FakeTensor(torch.Tensor):
     fake_device: torch.device
 
     @staticmethod
-    def __new__(cls, meta: torch.Tensor, device: torch.device, requires_grad: bool = False) -> FakeTensor:
+    def __new__(cls, meta: torch.Tensor, device: torch.device, requires_grad: bool = False) -> Self:
         out = torch.Tensor._make_wrapper_subclass(
             cls,
             meta.size(),
@@ -90,7 +90,9 @@ def user_frame() -> str:
     """``file:line`` of the innermost frame outside torch and exportir, for error messages."""
     for frame in reversed(traceback.extract_stack()):
         if not _is_internal_file(frame.filename):
-            return f'File "{frame.filename}", line {frame.lineno}, in {frame.name}\n    {frame.line}'
+            return (
+                f'File "{frame.filename}", line {frame.lineno}, in {frame.name}\n    {frame.line}'
+            )
     return "<unknown location>"
 
 
@@ -119,7 +121,9 @@ class FakeConverter:
 
     __slots__ = ("_memo", "on_new_constant")
 
-    def __init__(self, on_new_constant: Callable[[torch.Tensor, FakeTensor], None] | None = None) -> None:
+    def __init__(
+        self, on_new_constant: Callable[[torch.Tensor, FakeTensor], None] | None = None
+    ) -> None:
         self._memo: dict[int, tuple[torch.Tensor, FakeTensor]] = {}
         self.on_new_constant = on_new_constant
 
@@ -263,7 +267,7 @@ def _fallback_meta(func: Any, u: _Unwrapped, err: Exception) -> Any:
     raise MissingFakeImplError(
         f"operator {name} has no fake (meta) implementation, so it cannot be exported.\n"
         f"  {user_frame()}\n"
-        f"If it is a custom op, register one with @torch.library.register_fake(\"{name}\") "
+        f'If it is a custom op, register one with @torch.library.register_fake("{name}") '
         "(a function computing the output's shape/dtype from the inputs').\n"
         f"(underlying error: {str(err).splitlines()[0] if str(err) else type(err).__name__})"
     ) from err

@@ -20,7 +20,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import torch
@@ -60,7 +60,7 @@ class Rewrite:
 # --- what aliases what ---------------------------------------------------------------------
 
 
-@lru_cache(maxsize=None)
+@cache
 def _is_view_op(func: Any) -> bool:
     schema = getattr(func, "_schema", None)
     if schema is None or not schema.arguments or not schema.returns:
@@ -94,7 +94,7 @@ def view_base(node: Node) -> Node | None:
     return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def _written_args(func: Any) -> tuple[int, ...]:
     schema = getattr(func, "_schema", None)
     if schema is None:
@@ -117,7 +117,7 @@ def _arg_key(func: Any, *, drop_out: bool) -> tuple:
     )
 
 
-@lru_cache(maxsize=None)
+@cache
 def functional_variant(func: Any) -> Any:
     """The functional overload with the same arguments (``add_.Tensor`` -> ``add.Tensor``,
     ``add.out`` -> ``add.Tensor``, ``_native_batch_norm_legit`` -> ``..._functional``)."""
@@ -151,7 +151,9 @@ def default_rewrite(node: Node) -> Rewrite:
     func = node.target
     schema = func._schema
     bound = _bind(node)
-    written = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    written = [
+        a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write
+    ]
     target = functional_variant(func)
     if schema.name.endswith("_"):  # in-place: self is written with the result
         self_arg = bound["self"]
@@ -196,10 +198,15 @@ def _native_batch_norm(node: Node) -> Rewrite | None:
     x, w, b, mean, var, training, momentum, eps = node.args[:8]
     if not training:
         return Rewrite(
-            aten._native_batch_norm_legit_no_training.default, (x, w, b, mean, var, momentum, eps), {}, ()
+            aten._native_batch_norm_legit_no_training.default,
+            (x, w, b, mean, var, momentum, eps),
+            {},
+            (),
         )
     if mean is None or var is None:
-        return Rewrite(aten._native_batch_norm_legit.no_stats, (x, w, b, True, momentum, eps), {}, ())
+        return Rewrite(
+            aten._native_batch_norm_legit.no_stats, (x, w, b, True, momentum, eps), {}, ()
+        )
     return Rewrite(
         aten._native_batch_norm_legit_functional.default,
         (x, w, b, mean, var, True, momentum, eps),
@@ -471,7 +478,9 @@ class Functionalizer:
         if rewrite is None:  # value unchanged: the result is the argument
             self.same[n] = n.args[0]
             return
-        new = self.emit(rewrite.target, self.map_arg(rewrite.args), self.map_arg_dict(rewrite.kwargs))
+        new = self.emit(
+            rewrite.target, self.map_arg(rewrite.args), self.map_arg_dict(rewrite.kwargs)
+        )
         self.value[n] = new
         self.version[n] = 0
         for written, index in rewrite.writes:

@@ -333,6 +333,7 @@ class Functionalizer:
         self.converter = FakeConverter()
         self.origin: Node | None = None
         self.placeholders: dict[Node, Node] = {}  # old placeholder -> new placeholder
+        self.items: dict[Node, list[Node | None]] = {}  # old rewritten call -> its getitems
 
     # -- reading and writing values ----------------------------------------------------------
 
@@ -452,6 +453,10 @@ class Functionalizer:
         if _needs_rewrite(n):
             self._mutation(n)
             return
+        if n.target is operator.getitem and n.args[0] in self.items:
+            self.value[n] = self.items[n.args[0]][n.args[1]]
+            self.version[n] = 0
+            return
         if n.target in TRANSPARENT and isinstance(n.args[0], Node):
             self.same[n] = n.args[0]  # same value, no node: torch drops these too
             return
@@ -483,11 +488,24 @@ class Functionalizer:
         )
         self.value[n] = new
         self.version[n] = 0
+        items = self._items(n, new)
         for written, index in rewrite.writes:
-            value = new if index is None else self.emit(operator.getitem, (new, index), {})
-            self.write(written, value)
+            self.write(written, new if index is None else items[index])
         if rewrite.result_alias is not None:
             self.same[n] = rewrite.result_alias
+
+    def _items(self, n: Node, new: Node) -> list[Node | None]:
+        """getitem nodes for every tensor output of a multi-output call, in index order (as
+        torch names them); the old graph's getitems of ``n`` reuse them."""
+        val = new.meta.get("val")
+        if not isinstance(val, (tuple, list)):
+            return []
+        items = [
+            self.emit(operator.getitem, (new, i), {}, v) if isinstance(v, torch.Tensor) else None
+            for i, v in enumerate(val)
+        ]
+        self.items[n] = items
+        return items
 
     def _whole_copy(self, n: Node) -> bool:
         dst, src = n.args[0], n.args[1]

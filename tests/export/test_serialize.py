@@ -606,6 +606,17 @@ EDITS: dict[str, tuple[Any, str]] = {
             "default_factory_module": "os", "default_factory_name": "system",
             "dict_context": []}, "children_spec": []}])),
         "defaultdict factory .* is not allowed"),
+    "lazy_import_defaultdict_factory": (lambda p: p["module_call_graph"][0]["signature"].update(
+        out_spec=json.dumps([1, {"type": "collections.defaultdict", "context": {
+            "default_factory_module": "torch", "default_factory_name": "_dynamo",
+            "dict_context": []}, "children_spec": []}])),
+        "defaultdict factory .* is not allowed"),
+    "lazy_import_enum": (lambda p: p["module_call_graph"][0]["signature"].update(
+        out_spec=json.dumps([1, {"type": "builtins.dict", "context": json.dumps(
+            [{"__enum__": True, "fqn": "torch:onnx", "name": "X"}]),
+            "children_spec": [{"type": None, "context": None, "children_spec": []}]}])),
+        # (if torch.onnx happens to be imported already, the name lookup fails later)
+        "enum torch:onnx is not an already-imported class|Unable to deserialize context"),
     "bad_treespec": (lambda p: p["module_call_graph"][0]["signature"].update(in_spec="[9, {}]"),
                      "bad TreeSpec"),
     "unknown_dialect": (lambda p: p.update(dialect="MARTIAN"), "no verifier is registered"),
@@ -618,9 +629,13 @@ EDITS: dict[str, tuple[Any, str]] = {
 
 @pytest.mark.parametrize("case", sorted(EDITS))
 def test_tampered_program_json(saved: bytes, case: str) -> None:
+    import sys
+
     edit, message = EDITS[case]
+    before = set(sys.modules)
     with pytest.raises(SerializationError, match=message):
         from_bytes(edit_program(saved, edit))
+    assert set(sys.modules) <= before, "loading a file must not import anything"
 
 
 def test_flipped_byte_fails_checksum(saved: bytes) -> None:

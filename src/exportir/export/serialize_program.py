@@ -8,8 +8,8 @@ inputs (a TreeSpec plus one entry per leaf).
 
 from __future__ import annotations
 
+import json
 import re
-from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ import torch
 from exportir import pytree
 from exportir.export.exported_program import ModuleCallEntry, ModuleCallSignature
 from exportir.export.serialize_common import (
+    SerializationError,
     as_bool,
     as_dict,
     as_list,
@@ -25,8 +26,9 @@ from exportir.export.serialize_common import (
     check_keys,
     fail,
     guarded,
+    loads_json,
 )
-from exportir.export.serialize_values import Decoder, encode_value
+from exportir.export.serialize_values import Decoder, encode_value, lookup_loaded
 from exportir.export.signature import (
     ConstantArgument,
     CustomObjArgument,
@@ -158,15 +160,41 @@ def decode_signature(raw: Any, where: str) -> ExportGraphSignature:
 # --------------------------------------------------------------------------- tree specs
 
 # defaultdict factories a loaded spec may name (anything else could be arbitrary code).
-_SAFE_FACTORIES = (list, dict, set, tuple, int, float, str, bool, OrderedDict, defaultdict)
+_SAFE_FACTORIES = {("builtins", t.__name__) for t in (list, dict, set, tuple, int, float, str,
+                                                       bool)} | {("collections", "OrderedDict"),
+                                                                 ("collections", "defaultdict")}
 
 
-def _check_spec(spec: pytree.TreeSpec, where: str) -> None:
-    if spec.type is defaultdict and spec.context[0] not in _SAFE_FACTORIES:
-        fail(where, f"defaultdict factory {spec.context[0]!r:.80} is not allowed; allowed: "
-                    f"{[f.__name__ for f in _SAFE_FACTORIES]}")
-    for child in spec.children():
-        _check_spec(child, where)
+def _check_enum_ref(obj: dict[str, Any]) -> dict[str, Any]:
+    if "__enum__" in obj:
+        module, _, qualname = str(obj.get("fqn", "")).partition(":")
+        if lookup_loaded(module, qualname) is None:
+            raise SerializationError(f"enum {module}:{qualname} is not an already-imported "
+                                     "class; import it before loading")
+    return obj
+
+
+def _precheck_spec_node(node: Any, where: str) -> None:
+    """Vet the names a TreeSpec node makes ``treespec_loads`` look up, before it looks them up
+    (its lookups use getattr, which can trigger lazy imports such as ``torch.__getattr__``)."""
+    if not isinstance(node, dict):
+        return  # treespec_loads reports malformed nodes
+    ctx = node.get("context")
+    if node.get("type") == "collections.defaultdict" and isinstance(ctx, dict):
+        factory = (ctx.get("default_factory_module"), ctx.get("default_factory_name"))
+        if factory not in _SAFE_FACTORIES:
+            fail(where, f"defaultdict factory {factory!r:.80} is not allowed; allowed: "
+                        f"{sorted(f'{m}.{n}' for m, n in _SAFE_FACTORIES)}")
+    if isinstance(ctx, str) and "__enum__" in ctx:
+        try:
+            json.loads(ctx, object_hook=_check_enum_ref)
+        except SerializationError as e:
+            fail(where, str(e))
+        except ValueError:
+            pass  # treespec_loads reports bad context JSON
+    children = node.get("children_spec")
+    for child in children if isinstance(children, list) else ():
+        _precheck_spec_node(child, where)
 
 
 def encode_treespec(spec: pytree.TreeSpec, where: str) -> str:
@@ -178,12 +206,13 @@ def encode_treespec(spec: pytree.TreeSpec, where: str) -> str:
 
 def decode_treespec(raw: Any, where: str) -> pytree.TreeSpec:
     text = as_str(raw, where)
+    decoded = loads_json(text.encode(), where)
+    if isinstance(decoded, list) and len(decoded) == 2:
+        _precheck_spec_node(decoded[1], where)
     try:
-        spec = pytree.treespec_loads(text)
+        return pytree.treespec_loads(text)
     except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as e:
         fail(where, f"bad TreeSpec: {e}")
-    _check_spec(spec, where)
-    return spec
 
 
 # --------------------------------------------------------------------------- module call graph

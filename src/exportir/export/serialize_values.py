@@ -51,6 +51,7 @@ __all__ = [
     "Decoder",
     "encode_target",
     "encode_value",
+    "lookup_loaded",
     "qualified_name",
     "resolve_qualified",
     "resolve_target",
@@ -201,6 +202,19 @@ def _lookup(obj: Any, attr: str) -> Any:
 
 
 _MISSING = object()
+
+
+def lookup_loaded(module: str, qualname: str) -> Any:
+    """``module.qualname`` among already-imported modules, through ``__dict__``s only (no
+    ``__getattr__``, so no lazy imports); ``None`` if it is not there."""
+    obj = sys.modules.get(module)
+    if obj is None:
+        return None
+    for attr in qualname.split("."):
+        obj = _lookup(obj, attr)
+        if obj is _MISSING:
+            return None
+    return obj
 
 
 def _resolve_op_or_packet(text: str) -> Any:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import operator
+import re
 
 import pytest
 import torch
@@ -36,7 +37,15 @@ CUSTOM_NAMESPACES = frozenset({em.CUSTOM_NS})
 # metadata has ``torch_fn`` instead of ``source_fn_stack`` for plain tensor methods. exportir
 # follows the seed-000 contract instead. torch's save/load also fails on namedtuple_io (it
 # pickles the example inputs) and no_grad_and_dtype (its loaded graph differs in text).
-TORCH_DIFFERS = ("test_graph_is_functional", "test_node_metadata_contract", "test_save_load_roundtrip")
+# The damage tests pin exportir's documented file format (docs/format/exported-program.md).
+TORCH_DIFFERS = (
+    "test_graph_is_functional",
+    "test_node_metadata_contract",
+    "test_save_load_roundtrip",
+    "test_truncated_file_is_a_serialization_error",
+    "test_damaged_member_is_named",
+    "test_tampered_member_fails_sha256",
+)
 
 
 def _export(entry: em.Entry):
@@ -205,3 +214,90 @@ def test_save_load_roundtrip(name: str) -> None:
         torch.testing.assert_close(loaded.state_dict[key], value, rtol=0, atol=0)
     assert sorted(loaded.constants) == sorted(ep.constants)
     _check_against_eager(loaded.module(), eager, args, kwargs, f"{name} after save/load")
+
+
+DAMAGE_MODELS = ["mlp", "dict_io", "gpt_kv_cache", "tensor_constant"]
+
+
+def _serialization_error():
+    from exportir.export.serialize import SerializationError
+
+    return SerializationError
+
+
+@pytest.mark.parametrize("name", DAMAGE_MODELS)
+def test_truncated_file_is_a_serialization_error(name: str) -> None:
+    """docs/format/exported-program.md: every bad file raises SerializationError, whose
+    message starts with the member and the location inside it (or the archive itself)."""
+    *_, ep = _export(em.BY_NAME[name])
+    data, _ = _save_load(ep)
+    error = _serialization_error()
+    for cut in sorted({0, 1, 4, 30, len(data) // 3, len(data) // 2, len(data) - 22, len(data) - 1}):
+        with pytest.raises(error) as info:
+            h.ours().load(io.BytesIO(data[:cut]))
+        assert str(info.value).strip(), f"{name}: empty message for a file cut at {cut}"
+
+
+def _member_payload(data: bytes, member: str) -> tuple[int, int]:
+    """Byte range of an uncompressed zip member's data inside the archive."""
+    import zipfile
+
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        info = zf.getinfo(member)
+        assert info.compress_type == zipfile.ZIP_STORED, "members are stored uncompressed (documented)"
+        header = data[info.header_offset : info.header_offset + 30]
+        name_len = int.from_bytes(header[26:28], "little")
+        extra_len = int.from_bytes(header[28:30], "little")
+        start = info.header_offset + 30 + name_len + extra_len
+        return start, start + info.file_size
+
+
+@pytest.mark.parametrize("name", DAMAGE_MODELS)
+@pytest.mark.parametrize("member", ["program.json", "weights.safetensors"])
+def test_damaged_member_is_named(name: str, member: str) -> None:
+    """One flipped byte inside a member: a SerializationError whose message starts with the
+    member's name (the zip CRC or the manifest's SHA-256 catches it)."""
+    *_, ep = _export(em.BY_NAME[name])
+    data, _ = _save_load(ep)
+    start, end = _member_payload(data, member)
+    assert end > start, f"{name}: {member} is empty"
+    damaged = bytearray(data)
+    damaged[(start + end) // 2] ^= 0x01
+    with pytest.raises(_serialization_error(), match=rf"^{re.escape(member)}\b"):
+        h.ours().load(io.BytesIO(bytes(damaged)))
+
+
+def _rezip(data: bytes, member: str, edit) -> bytes:
+    """The archive with ``member`` replaced by ``edit(bytes)``, every zip checksum valid: a
+    deliberate edit that only the manifest's SHA-256 can catch."""
+    import zipfile
+
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as dst:
+        for info in src.infolist():
+            payload = src.read(info)
+            dst.writestr(info, edit(payload) if info.filename == member else payload)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("name", DAMAGE_MODELS)
+def test_tampered_member_fails_sha256(name: str) -> None:
+    *_, ep = _export(em.BY_NAME[name])
+    data, _ = _save_load(ep)
+
+    def flip(payload: bytes) -> bytes:
+        damaged = bytearray(payload)
+        damaged[len(damaged) // 2] ^= 0x01
+        return bytes(damaged)
+
+    for member in ("program.json", "weights.safetensors"):
+        with pytest.raises(_serialization_error(), match=rf"^{re.escape(member)}.*SHA-256"):
+            h.ours().load(io.BytesIO(_rezip(data, member, flip)))
+
+
+@pytest.mark.parametrize("name", DAMAGE_MODELS)
+def test_save_is_deterministic(name: str) -> None:
+    *_, ep = _export(em.BY_NAME[name])
+    first, _ = _save_load(ep)
+    second, _ = _save_load(ep)
+    assert first == second

@@ -1,9 +1,43 @@
 """exportir: capture PyTorch programs into Export IR, lower them, and run them.
 
-The FX toolkit lives in :mod:`exportir.fx` (a drop-in for ``torch.fx``); the pytree utilities in
-:mod:`exportir.pytree`. Capture, dialects, program files and the runtime come in later layers.
+``import exportir.fx as fx`` is a drop-in for ``torch.fx``; ``exportir.export`` mirrors
+``torch.export``. The names below are loaded lazily (PEP 562), so ``import exportir.runtime``
+or ``import exportir.pytree`` never pulls in the capture stack.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+# public name -> module that defines it
+_LAZY: dict[str, str] = {
+    "export": "exportir.export",
+    "save": "exportir.export",
+    "load": "exportir.export",
+    "register_dataclass": "exportir.pytree",
+    "ExportedProgram": "exportir.export",
+    "ExportGraphSignature": "exportir.export",
+    "ExportBackwardSignature": "exportir.export",
+    "ModuleCallEntry": "exportir.export",
+    "ModuleCallSignature": "exportir.export",
+    "default_decompositions": "exportir.export",
+    "SpecViolationError": "exportir.export",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'exportir' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

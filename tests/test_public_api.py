@@ -1,0 +1,74 @@
+"""The public surface of ``exportir``: ``__all__`` is pinned, every name resolves, and importing
+the package (or a leaf like ``exportir.pytree``) loads nothing heavy until a name is used."""
+
+import inspect
+import os
+import pathlib
+import subprocess
+import sys
+
+import exportir
+
+EXPECTED_ALL = {
+    "__version__",
+    "export",
+    "save",
+    "load",
+    "register_dataclass",
+    "ExportedProgram",
+    "ExportGraphSignature",
+    "ExportBackwardSignature",
+    "ModuleCallEntry",
+    "ModuleCallSignature",
+    "default_decompositions",
+    "SpecViolationError",
+}
+
+
+def test_all_is_pinned():
+    assert set(exportir.__all__) == EXPECTED_ALL
+    assert len(exportir.__all__) == len(set(exportir.__all__))
+
+
+def test_every_public_name_resolves():
+    for name in exportir.__all__:
+        assert getattr(exportir, name) is not None, name
+
+
+def test_unknown_attribute_is_an_attribute_error():
+    try:
+        exportir.no_such_thing  # noqa: B018
+    except AttributeError as e:
+        assert "no_such_thing" in str(e)
+    else:
+        raise AssertionError("expected AttributeError")
+
+
+def test_export_signature_matches_torch():
+    import torch.export
+
+    ours = inspect.signature(exportir.export)
+    theirs = inspect.signature(torch.export.export)
+    assert list(ours.parameters) == list(theirs.parameters)
+    for name, p in ours.parameters.items():
+        assert p.kind == theirs.parameters[name].kind, name
+
+
+def _loaded_after(statement: str) -> set[str]:
+    code = f"import sys; {statement}; print('\\n'.join(sorted(sys.modules)))"
+    src = str(pathlib.Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    return set(out.stdout.split())
+
+
+def test_importing_the_package_is_lazy():
+    loaded = _loaded_after("import exportir")
+    assert "exportir.export" not in loaded and "exportir.fx" not in loaded
+
+
+def test_importing_pytree_does_not_load_capture():
+    loaded = _loaded_after("import exportir.pytree")
+    assert "exportir.export" not in loaded and "exportir.fx" not in loaded

@@ -10,6 +10,9 @@ Contract (mirrors ``torch.fx.GraphModule`` of torch 2.13):
   show the generated lines, and installs ``forward`` on the instance's class;
 * pickling never stores the generated function or the graph: ``__reduce__`` returns
   ``(reduce_graph_module, (state, import_block))`` and unpickling re-traces the code.
+
+Source registration and (deferred) compilation live in ``_source_registry``; ``to_folder``
+and the fast sympy printer in ``_graph_module_io``. Both are re-exported here.
 """
 
 from __future__ import annotations
@@ -22,18 +25,36 @@ import linecache
 import sys
 import traceback
 import types
-import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from types import CodeType
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import torch
-from torch import nn
 from torch.nn.modules.module import _addindent
 from torch.package import Importer, PackageExporter, PackageImporter, sys_importer
 
+# Moved out of this module; re-exported so existing imports keep working.
+from exportir.fx._graph_module_io import (  # noqa: F401
+    _REPR_SAFE_MODULES,
+    _SYMPY_CALL_STYLE,
+    _TAB,
+    _child_init_line,
+    _fast_sym_repr,
+    _is_negation,
+    _sym_atom_str,
+    _sym_product_str,
+    _sym_sum_str,
+    _tensor_init_lines,
+    _write_folder,
+)
+from exportir.fx._source_registry import (  # noqa: F401
+    _exec_with_source,
+    _forward_from_src,
+    _LazyForward,
+    _loader,
+    _method_from_src,
+    _SourceRegistry,
+)
 from exportir.fx.codegen import (
     PythonCode,
     _BoxedCodeGen,
@@ -53,146 +74,6 @@ __all__ = ["GraphModule", "reduce_graph_module", "reduce_package_graph_module"]
 _USER_PRESERVED_ATTRIBUTES_KEY = "_user_preserved_attributes"
 _EVAL_KEY_MARKER = "eval_with_key"
 _IMPL_CLASS_NAME = "GraphModuleImpl"
-
-
-# --------------------------------------------------------------------------------------------
-# Generated source: linecache registration and compilation
-# --------------------------------------------------------------------------------------------
-
-
-class _SourceRegistry:
-    """Keeps generated sources retrievable by their fake file names (PEP 302 ``get_source``).
-
-    ``register`` returns a fresh key per call unless ``co_fields`` names the file.  Compiled
-    code objects are memoised (bounded LRU) per (source, co_fields): code objects are
-    immutable, so re-executing one in fresh globals is equivalent to compiling again, and a
-    recompile of an unchanged graph (pickling, deepcopy, repeated ``recompile()``) skips the
-    expensive ``compile`` call.
-    """
-
-    _MAX_CODE_CACHE = 64
-
-    def __init__(self) -> None:
-        self.eval_cache: dict[str, str] = {}
-        self.next_id = 0
-        self._code_cache: OrderedDict[tuple[str, tuple], tuple[str, CodeType]] = OrderedDict()
-
-    def get_source(self, module_name: str) -> str | None:
-        """Loader protocol hook used by :mod:`linecache`."""
-        return self.eval_cache.get(module_name)
-
-    def _next_eval_key(self) -> str:
-        """``<eval_with_key>.N`` not yet known to linecache (another FX implementation in the
-        same process, e.g. torch.fx, uses the same naming scheme)."""
-        while True:
-            key = f"<eval_with_key>.{self.next_id}"
-            self.next_id += 1
-            if key not in linecache.cache:
-                return key
-
-    def _fresh_key(self, co_fields: dict[str, Any] | None) -> str:
-        key = self._next_eval_key()
-        if not co_fields or "co_filename" not in co_fields:
-            return key
-        if "co_firstlineno" not in co_fields or "co_name" not in co_fields:
-            return co_fields["co_filename"]
-        return (
-            f"{key} from {co_fields['co_filename']}:"
-            f"{co_fields['co_firstlineno']} in {co_fields['co_name']}"
-        )
-
-    def _expose(self, key: str, src: str) -> None:
-        self.eval_cache[key] = src
-        # lazycache only keeps a closure over the loader; a two-entry dict is enough.
-        linecache.lazycache(key, {"__name__": key, "__loader__": self})
-
-    def register(self, src: str, co_fields: dict[str, Any] | None = None) -> str:
-        """Make ``src`` visible to linecache under a new fake file name and return the name."""
-        key = self._fresh_key(co_fields)
-        self._expose(key, src)
-        return key
-
-    def cache(
-        self, src: str, globals: dict[str, Any], co_fields: dict[str, Any] | None = None
-    ) -> str:
-        """torch.fx's spelling of :meth:`register` (``globals`` is not needed)."""
-        return self.register(src, co_fields)
-
-    def compile(self, src: str, co_fields: dict[str, Any] | None = None) -> CodeType:
-        """Compile ``src`` (registered in linecache) without inheriting our ``__future__`` flags."""
-        cache_key = (src, tuple(sorted((co_fields or {}).items(), key=lambda kv: kv[0])))
-        hit = self._code_cache.get(cache_key)
-        if hit is not None:
-            self._code_cache.move_to_end(cache_key)
-            filename, code = hit
-            if filename not in linecache.cache:
-                self._expose(filename, src)
-            return code
-        filename = self.register(src, co_fields)
-        code = compile(src, filename, "exec", dont_inherit=True)
-        self._code_cache[cache_key] = (filename, code)
-        if len(self._code_cache) > self._MAX_CODE_CACHE:
-            self._code_cache.popitem(last=False)
-        return code
-
-
-_loader = _SourceRegistry()
-
-
-def _exec_with_source(
-    src: str, globals: dict[str, Any], co_fields: dict[str, Any] | None = None
-) -> None:
-    """Execute ``src`` in ``globals`` (mutated) with its source retrievable for tracebacks."""
-    exec(_loader.compile(src, co_fields), globals)  # noqa: S102  # our own generated code
-
-
-def _method_from_src(
-    method_name: str,
-    src: str,
-    globals: dict[str, Any],
-    co_fields: dict[str, Any] | None = None,
-) -> Callable[..., Any]:
-    """Execute ``src`` in a copy of ``globals`` and return the function it defines."""
-    scope = dict(globals)
-    _exec_with_source(src, scope, co_fields)
-    return scope.pop(method_name)
-
-
-def _forward_from_src(
-    src: str, globals: dict[str, Any], co_fields: dict[str, Any] | None = None
-) -> Callable[..., Any]:
-    return _method_from_src("forward", src, globals, co_fields)
-
-
-class _LazyForward:
-    """Class attribute standing in for a generated ``forward`` until it is first looked up.
-
-    ``recompile`` only generates source; compiling a large function costs as much again, so
-    it happens on first access (a call, ``gm.forward``, tracing), after which the descriptor
-    replaces itself on its class with the plain function. Non-data descriptor: an instance
-    attribute ``forward`` still takes precedence, exactly as with a plain function.
-    """
-
-    __slots__ = ("_co_fields", "_globals", "_home", "_src")
-
-    def __init__(
-        self, src: str, globals: dict[str, Any], co_fields: dict[str, Any], home: type
-    ) -> None:
-        self._src = src
-        self._globals = globals
-        self._co_fields = co_fields
-        self._home = home
-
-    def resolve(self) -> Callable[..., Any]:
-        """Compile now and install the function on the owning class (if still current)."""
-        fn = _forward_from_src(self._src, self._globals, self._co_fields)
-        if self._home.__dict__.get("forward") is self:
-            self._home.forward = fn  # type: ignore[attr-defined]  # replaces this descriptor
-        return fn
-
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        fn = self.resolve()
-        return fn if obj is None else fn.__get__(obj, owner)
 
 
 # --------------------------------------------------------------------------------------------
@@ -411,46 +292,6 @@ def _print_readable(
     return output
 
 
-_SYMPY_CALL_STYLE = frozenset({"ModularIndexing", "CleanDiv", "FloorDiv", "Identity"})
-
-
-def _is_negation(expr: Any) -> bool:
-    return expr.is_Mul and len(expr.args) == 2 and expr.args[0] == -1
-
-
-def _sym_sum_str(expr: Any) -> str:
-    """Fast, non-simplifying sympy printing: ``a - b`` for a two-term difference, else
-    ``+``-joined terms."""
-    if not expr.is_Add:
-        return _sym_product_str(expr)
-    if len(expr.args) == 2 and _is_negation(expr.args[1]):
-        return f"{_sym_product_str(expr.args[0])} - {_sym_product_str(expr.args[1].args[1])}"
-    return " + ".join(map(_sym_product_str, expr.args))
-
-
-def _sym_product_str(expr: Any) -> str:
-    if not expr.is_Mul:
-        return _sym_atom_str(expr)
-    if _is_negation(expr):
-        return f"-{_sym_atom_str(expr.args[1])}"
-    return " * ".join(map(_sym_atom_str, expr.args))
-
-
-def _sym_atom_str(expr: Any) -> str:
-    if expr.is_Symbol:
-        return expr.name
-    if expr.is_Add or expr.is_Mul:
-        return f"({_sym_sum_str(expr)})"
-    name = getattr(expr.func, "__name__", "")
-    if name in _SYMPY_CALL_STYLE:
-        return f"{name}({', '.join(map(_sym_sum_str, expr.args))})"
-    return str(expr)
-
-
-def _fast_sym_repr(value: Any) -> str:
-    return _sym_sum_str(value.node.expr)
-
-
 # --------------------------------------------------------------------------------------------
 # Error context for failures inside generated code
 # --------------------------------------------------------------------------------------------
@@ -504,75 +345,6 @@ class _WrappedCall:
 
 def _call_wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
     return self._wrapped_call(self, *args, **kwargs)
-
-
-# --------------------------------------------------------------------------------------------
-# to_folder
-# --------------------------------------------------------------------------------------------
-
-_REPR_SAFE_MODULES = (
-    nn.Linear,
-    nn.Conv1d,
-    nn.Conv2d,
-    nn.Conv3d,
-    nn.BatchNorm1d,
-    nn.BatchNorm2d,
-    nn.BatchNorm3d,
-)
-_TAB = " " * 4
-
-
-def _child_init_line(folder: Path, name: str, child: nn.Module, pickled: list[str]) -> str:
-    """One ``__init__`` line recreating ``child``: by repr when safe, else a saved pickle."""
-    if type(child) in _REPR_SAFE_MODULES:
-        return f"{_TAB * 2}setattr(self, '{name}', {child!r})\n"
-    child_file = folder / f"{name}.pt"
-    torch.save(child, child_file)
-    pickled.append(name)
-    one_line_repr = repr(child).replace("\r", " ").replace("\n", " ")
-    loader = f"torch.load(r'{child_file}', weights_only=False)"
-    return f"{_TAB * 2}setattr(self, '{name}', {loader}) # {one_line_repr}\n"
-
-
-def _tensor_init_lines(gm: nn.Module) -> str:
-    """Empty buffers/parameters of the right shape and dtype, filled later by load_state_dict."""
-    lines = [
-        f"{_TAB * 2}self.register_buffer('{name}', "
-        f"torch.empty({list(buf.shape)}, dtype={buf.dtype}))\n"
-        for name, buf in gm._buffers.items()
-        if buf is not None
-    ]
-    lines += [
-        f"{_TAB * 2}setattr(self, '{name}', torch.nn.Parameter("
-        f"torch.empty({list(p.shape)}, dtype={p.dtype})))\n"
-        for name, p in gm._parameters.items()
-        if p is not None
-    ]
-    return "".join(lines)
-
-
-def _write_folder(gm: GraphModule, folder: Path, module_name: str) -> None:
-    folder.mkdir(exist_ok=True)
-    torch.save(gm.state_dict(), folder / "state_dict.pt")
-    builtin_imports = "\n".join(b.import_str for b in _custom_builtins.values())
-    header = (
-        f"\nimport torch\n{builtin_imports}\n\nfrom torch.nn import *\n"
-        f"class {module_name}(torch.nn.Module):\n"
-        f"{_TAB}def __init__(self):\n{_TAB * 2}super().__init__()\n"
-    )
-    parts = [header]
-    pickled: list[str] = []
-    parts += [_child_init_line(folder, n, c, pickled) for n, c in gm.named_children()]
-    parts.append(_tensor_init_lines(gm))
-    parts.append(f"{_TAB * 2}self.load_state_dict(torch.load(r'{folder}/state_dict.pt'))\n")
-    parts.append(f"{_addindent(gm.code, 4)}\n")
-    (folder / "module.py").write_text("".join(parts))
-    (folder / "__init__.py").write_text("from .module import *")
-    if pickled:
-        warnings.warn(
-            "Was not able to save the following children modules as reprs -"
-            f"saved as pickled files instead: {pickled}"
-        )
 
 
 # --------------------------------------------------------------------------------------------

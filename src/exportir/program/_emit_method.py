@@ -1,0 +1,556 @@
+"""The per-method emitter behind :func:`exportir.program.emit.emit_program`.
+
+One :class:`MethodEmitter` walks one graph in order and builds the value table, the operator
+table, the instruction schedule and the debug table; then it plans the memory of the tensors it
+created (:mod:`planning`) and freezes everything into a :class:`schema.Method`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from exportir.fx import Node
+from exportir.program import kernels, planning, schema
+from exportir.program.kernels import EmitError, source_line
+
+_CONSTANT_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
+_MUTATION_KINDS = ("BUFFER_MUTATION", "PARAMETER_MUTATION")
+
+
+class ProgramBuilder:
+    """Constant buffers and delegate blobs shared by all methods (deduplicated by content)."""
+
+    def __init__(self) -> None:
+        self.constants: list[schema.ConstantBuffer] = []
+        self.delegates: list[schema.Delegate] = []
+        self._constant_index: dict[bytes, int] = {}
+        self._delegate_index: dict[tuple[Any, ...], int] = {}
+
+    def constant(self, data: bytes) -> int:
+        key = hashlib.sha256(data).digest()
+        found = self._constant_index.get(key)
+        if found is None:
+            found = self._constant_index[key] = len(self.constants)
+            self.constants.append(schema.ConstantBuffer(data))
+        return found
+
+    def delegate(self, lowered: Any) -> int:
+        specs = tuple(
+            schema.CompileSpec(str(s.key), bytes(s.value)) for s in (lowered.compile_specs or ())
+        )
+        data = bytes(lowered.processed_bytes)
+        key = (str(lowered.backend_id), hashlib.sha256(data).digest(), specs)
+        found = self._delegate_index.get(key)
+        if found is None:
+            found = self._delegate_index[key] = len(self.delegates)
+            self.delegates.append(schema.Delegate(str(lowered.backend_id), data, specs))
+        return found
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    """Contiguous little-endian bytes of a real tensor."""
+    flat = t.detach().cpu().contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().tobytes()
+
+
+@dataclass(slots=True)
+class _PendingTensor:
+    """A tensor whose storage is decided at the end (planned or runtime-allocated)."""
+
+    dtype: schema.ScalarType
+    sizes: tuple[int, ...]
+    dim_order: tuple[int, ...]
+    dynamic: bool
+    bounded: bool
+    name: str
+    initial: int | None = None
+
+
+def _dim_order(val: Any) -> tuple[int, ...]:
+    try:
+        strides = [int(s) for s in val.stride()]
+    except (TypeError, ValueError, RuntimeError):
+        return tuple(range(val.dim()))
+    return tuple(sorted(range(len(strides)), key=lambda d: (-strides[d], d)))
+
+
+def _size_bound(size: Any) -> tuple[int, bool]:
+    """(static size or upper bound, bounded?) of one dimension."""
+    if isinstance(size, int):
+        return size, True
+    node = getattr(size, "node", None)
+    for attr in ("upper_bound", "hint"):
+        got = getattr(node, attr, None)
+        got = got() if callable(got) else got
+        if isinstance(got, int) and got >= 0:
+            return got, attr == "upper_bound"
+    return 0, False
+
+
+class MethodEmitter:
+    def __init__(self, name: str, ep: Any, program: ProgramBuilder, config: Any) -> None:
+        self.name = name
+        self.ep = ep
+        self.gm = ep.graph_module
+        self.program = program
+        self.config = config
+        self.values: list[Any] = []  # schema.EValue or _PendingTensor
+        self.instructions: list[schema.Instruction] = []
+        self.debug: list[schema.DebugEntry] = []
+        self.operators: dict[schema.Operator, int] = {}
+        self.node_value: dict[Node, int] = {}
+        self.node_items: dict[Node, tuple[int, ...]] = {}
+        self.literals: dict[tuple[Any, ...], int] = {}
+        self.inputs: list[int] = []
+        self.input_names: list[str] = []
+        self.whole_method: list[int] = []
+        self.by_input_name: dict[str, int] = {}
+        self.state_value: dict[str, int] = {}
+
+    # -- values ---------------------------------------------------------------------------------
+
+    def add(self, value: Any) -> int:
+        self.values.append(value)
+        return len(self.values) - 1
+
+    def literal(self, value: Any) -> int:
+        """A deduplicated literal value (Int/Double/Bool/String/Null/lists of literals)."""
+        key = (type(value).__name__, repr(value))
+        found = self.literals.get(key)
+        if found is None:
+            found = self.literals[key] = self.add(value)
+        return found
+
+    def constant_tensor(self, t: torch.Tensor) -> int:
+        buffer = self.program.constant(tensor_bytes(t))
+        return self.literal(
+            schema.Tensor(
+                kernels.scalar_type(t.dtype),
+                tuple(t.shape),
+                tuple(range(t.dim())),
+                schema.ConstantData(buffer),
+            )
+        )
+
+    def new_tensor(self, val: Any, name: str, contiguous: bool = False) -> int:
+        if not isinstance(val, torch.Tensor):
+            raise EmitError(f"node {name!r} of method {self.name!r} has no tensor meta['val']")
+        sizes, bounded, dynamic = [], True, False
+        for s in val.shape:
+            n, ok = _size_bound(s)
+            sizes.append(n)
+            bounded &= ok
+            dynamic |= not isinstance(s, int)
+        pending = _PendingTensor(
+            kernels.scalar_type(val.dtype),
+            tuple(sizes),
+            tuple(range(val.dim())) if contiguous else _dim_order(val),
+            dynamic,
+            bounded,
+            name,
+        )
+        return self.add(pending)
+
+    def scalar_value(self, val: Any, name: str) -> int:
+        """A scalar produced at run time (symbolic int / float / bool)."""
+        if isinstance(val, (bool, torch.SymBool)):
+            return self.add(schema.Bool(bool(val) if isinstance(val, bool) else False))
+        if isinstance(val, (float, torch.SymFloat)):
+            return self.add(schema.Double(float(val) if isinstance(val, float) else 0.0))
+        if isinstance(val, (int, torch.SymInt)):
+            return self.add(schema.Int(val if isinstance(val, int) else _size_bound(val)[0]))
+        raise EmitError(f"node {name!r} of method {self.name!r}: unsupported scalar {val!r}")
+
+    def operator_index(self, op: schema.Operator) -> int:
+        found = self.operators.get(op)
+        if found is None:
+            found = self.operators[op] = len(self.operators)
+        return found
+
+    def emit_instruction(self, ins_factory: Any, node: Node) -> None:
+        self.debug.append(schema.DebugEntry(node.name, source_line(node)))
+        self.instructions.append(ins_factory(len(self.debug) - 1))
+
+    # -- arguments ------------------------------------------------------------------------------
+
+    def node_ref(self, node: Node) -> int:
+        found = self.node_value.get(node)
+        if found is None:
+            raise EmitError(
+                f"method {self.name!r}: node {node.name!r} is used but produced no single value "
+                f"(a tuple needs getitem)"
+            )
+        return found
+
+    def tensor_arg(self, value: Any, dtype_hint: torch.dtype | None) -> int:
+        if isinstance(value, Node):
+            ref = self.node_ref(value)
+            if not isinstance(self.values[ref], (schema.Tensor, _PendingTensor)):
+                raise EmitError(f"node {value.name!r} is not a tensor but is passed as one")
+            return ref
+        if isinstance(value, torch.Tensor):
+            return self.constant_tensor(value)
+        if isinstance(value, bool):
+            return self.constant_tensor(torch.tensor(value))
+        if isinstance(value, int):
+            return self.constant_tensor(torch.tensor(value, dtype=torch.int64))
+        if isinstance(value, float):
+            floating = dtype_hint is not None and (dtype_hint.is_floating_point)
+            return self.constant_tensor(
+                torch.tensor(value, dtype=dtype_hint if floating else torch.float32)
+            )
+        raise EmitError(f"expected a tensor argument; got {value!r}")
+
+    def scalar_arg(self, value: Any) -> int:
+        if isinstance(value, Node):
+            return self.node_ref(value)
+        if isinstance(value, torch.dtype):
+            return self.literal(schema.Int(int(kernels.scalar_type(value))))
+        if isinstance(value, torch.layout):
+            return self.literal(schema.Int(kernels.LAYOUTS.get(value, 0)))
+        if isinstance(value, torch.memory_format):
+            return self.literal(schema.Int(kernels.MEMORY_FORMATS.get(value, 0)))
+        if isinstance(value, torch.device):
+            return self.literal(schema.String(str(value)))
+        if isinstance(value, bool):
+            return self.literal(schema.Bool(value))
+        if isinstance(value, int):
+            return self.literal(schema.Int(value))
+        if isinstance(value, float):
+            return self.literal(schema.Double(value))
+        if isinstance(value, str):
+            return self.literal(schema.String(value))
+        if value is None:
+            return self.literal(schema.Null())
+        raise EmitError(f"unsupported argument value {value!r} ({type(value).__name__})")
+
+    def list_arg(self, elem: Any, value: Any, hint: torch.dtype | None) -> int:
+        kind = elem.kind()
+        items = list(value)
+        if kind == "TensorType":
+            return self.add(schema.TensorList(tuple(self.tensor_arg(v, hint) for v in items)))
+        if kind == "OptionalType":
+            refs = tuple(
+                self.literal(schema.Null()) if v is None else self.tensor_arg(v, hint)
+                for v in items
+            )
+            return self.add(schema.OptionalTensorList(refs))
+        if kind in ("IntType", "SymIntType"):
+            refs = tuple(self.scalar_arg(v) for v in items)
+            if any(isinstance(v, Node) for v in items):
+                return self.add(schema.IntList(refs))
+            return self.literal(schema.IntList(refs))
+        if kind == "FloatType":
+            return self.literal(schema.DoubleList(tuple(float(v) for v in items)))
+        if kind == "BoolType":
+            return self.literal(schema.BoolList(tuple(bool(v) for v in items)))
+        raise EmitError(f"unsupported list argument type {elem}[]")
+
+    def arg(self, typ: Any, value: Any, hint: torch.dtype | None) -> int:
+        kind = typ.kind()
+        if kind == "OptionalType":
+            if value is None:
+                return self.literal(schema.Null())
+            return self.arg(typ.getElementType(), value, hint)
+        if kind == "TensorType":
+            return self.tensor_arg(value, hint)
+        if kind == "ListType":
+            if isinstance(value, (int, Node)) and not isinstance(value, bool):
+                value = [value]  # int[2] arguments accept a single int
+            return self.list_arg(typ.getElementType(), value, hint)
+        return self.scalar_arg(value)
+
+    # -- nodes ----------------------------------------------------------------------------------
+
+    def bind(self, node: Node, op: torch._ops.OpOverload) -> dict[str, Any]:
+        bound: dict[str, Any] = {}
+        positional = [a for a in op._schema.arguments if not a.kwarg_only]
+        for a, v in zip(positional, node.args):
+            bound[a.name] = v
+        bound.update(node.kwargs)
+        for a in op._schema.arguments:
+            if a.name not in bound and not a.is_out:
+                if not a.has_default_value():
+                    raise EmitError(
+                        f"node {node.name!r}: argument {a.name!r} of {kernels.display_name(op)} "
+                        "is missing"
+                    )
+                bound[a.name] = a.default_value
+        return bound
+
+    def results(self, node: Node, choice: kernels.KernelChoice) -> list[int]:
+        val = node.meta.get("val")
+        # a view runs as its *_copy op, whose result is contiguous
+        contiguous = choice.functional is not kernels.aten_op(node.target)
+        if isinstance(val, (list, tuple)):
+            items = tuple(
+                self.new_tensor(v, f"{node.name}[{i}]", contiguous) for i, v in enumerate(val)
+            )
+            self.node_items[node] = items
+            if _returns_list(choice):
+                ref = self.add(schema.TensorList(items))
+                self.node_value[node] = ref
+                return [ref]
+            if len(items) != len(choice.out_args):
+                raise EmitError(
+                    f"node {node.name!r}: {kernels.display_name(choice.out)} has "
+                    f"{len(choice.out_args)} out arguments for {len(items)} results"
+                )
+            return list(items)
+        ref = self.new_tensor(val, node.name, contiguous)
+        self.node_value[node] = ref
+        return [ref]
+
+    def emit_kernel(self, node: Node) -> None:
+        op = kernels.aten_op(node.target)
+        choice = kernels.out_variant(op)
+        if choice is None:  # checked by check_kernel_coverage; kept for direct callers
+            raise EmitError(f"node {node.name!r}: {kernels.display_name(op)} has no out variant")
+        bound = self.bind(node, op)
+        outs = self.results(node, choice)
+        val = node.meta.get("val")
+        hint = val.dtype if isinstance(val, torch.Tensor) else None
+        args, k = [], 0
+        for a in choice.out._schema.arguments:
+            if a.is_out:
+                args.append(outs[k])
+                k += 1
+            else:
+                args.append(self.arg(a.type, bound.get(a.name), hint))
+        index = self.operator_index(choice.operator)
+        self.emit_instruction(lambda d: schema.KernelCall(index, tuple(args), d), node)
+
+    def emit_prim(self, node: Node, op: schema.Operator) -> None:
+        args = [self.scalar_arg(a) if not isinstance(a, Node) else self.node_ref(a)
+                for a in node.args]
+        out = self.scalar_value(node.meta.get("val"), node.name)
+        self.node_value[node] = out
+        index = self.operator_index(op)
+        self.emit_instruction(lambda d: schema.KernelCall(index, (*args, out), d), node)
+
+    def emit_delegate(self, node: Node) -> None:
+        lowered = kernels.delegate_module(node, self.gm)
+        index = self.program.delegate(lowered)
+        inputs = []
+        for a in node.args[1:]:
+            for item in a if isinstance(a, (list, tuple)) else (a,):
+                is_tensor = isinstance(item, (Node, torch.Tensor)) and not (
+                    isinstance(item, Node) and item in self.node_value
+                    and not isinstance(self.values[self.node_value[item]],
+                                       (schema.Tensor, _PendingTensor))
+                )
+                inputs.append(self.tensor_arg(item, None) if is_tensor else self.scalar_arg(item))
+        val = node.meta.get("val")
+        if isinstance(val, (list, tuple)):
+            outs = tuple(self.new_tensor(v, f"{node.name}[{i}]") for i, v in enumerate(val))
+            self.node_items[node] = outs
+        else:
+            outs = (self.new_tensor(val, node.name),)
+            self.node_value[node] = outs[0]
+        self.emit_instruction(
+            lambda d: schema.DelegateCall(index, tuple(inputs), outs, d), node
+        )
+
+    def emit_getitem(self, node: Node) -> None:
+        src, idx = node.args
+        items = self.node_items.get(src)
+        if items is None or not isinstance(idx, int) or not -len(items) <= idx < len(items):
+            raise EmitError(f"node {node.name!r}: getitem {idx!r} of {src!r} has no value")
+        self.node_value[node] = items[idx]
+
+    def emit_call(self, node: Node) -> None:
+        kind = kernels.classify(node, self.gm)
+        if kind == "getitem":
+            self.emit_getitem(node)
+        elif kind == "delegate":
+            self.emit_delegate(node)
+        elif kind == "kernel":
+            self.emit_kernel(node)
+        elif kind == "prim":
+            self.emit_prim(node, schema.Operator(*kernels.PYTHON_PRIMS[node.target]))
+        elif kind == "sym":
+            self.emit_prim(node, kernels.operator_of(kernels.aten_op(node.target)))
+        elif kind != "skip":
+            raise EmitError(f"node {node.name!r} cannot run: {kind.lstrip('!')}")
+
+    # -- placeholders, outputs ------------------------------------------------------------------
+
+    def state_tensor(self, target: str) -> torch.Tensor:
+        found = self.ep.state_dict.get(target)
+        if found is None:
+            found = self.ep.constants.get(target)
+        if not isinstance(found, torch.Tensor):
+            raise EmitError(f"method {self.name!r}: no tensor for lifted state {target!r}")
+        return found
+
+    def emit_placeholder(self, node: Node, spec: Any, mutated: set[str]) -> None:
+        kind = spec.kind.name
+        if kind in _CONSTANT_KINDS:
+            t = self.state_tensor(spec.target)
+            if spec.target in mutated:
+                ref = self.new_tensor(t, node.name)
+                self.values[ref].initial = self.program.constant(tensor_bytes(t))
+                self.whole_method.append(ref)
+                self.state_value[spec.target] = ref
+            else:
+                ref = self.constant_tensor(t)
+            self.node_value[node] = ref
+        elif kind == "USER_INPUT":
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                ref = self.new_tensor(val, node.name)
+                p = self.values[ref]
+                self.values[ref] = schema.Tensor(
+                    p.dtype, p.sizes, p.dim_order, schema.InputStorage(), p.dynamic
+                )
+            else:
+                ref = self.scalar_value(val, node.name)
+            self.node_value[node] = ref
+            self.by_input_name[node.name] = ref
+            self.inputs.append(ref)
+            self.input_names.append(node.name)
+        elif kind == "TOKEN":
+            self.node_value[node] = self.literal(schema.Null())
+        else:
+            raise EmitError(f"method {self.name!r}: input {node.name!r} of kind {kind} "
+                            "cannot be emitted")
+
+    def output_ref(self, value: Any) -> int:
+        if isinstance(value, Node):
+            return self.node_ref(value)
+        if isinstance(value, torch.Tensor):
+            return self.constant_tensor(value)
+        return self.scalar_arg(value)
+
+    def emit_outputs(self, node: Node) -> tuple[list[int], list[str]]:
+        flat = node.args[0] if isinstance(node.args[0], (list, tuple)) else (node.args[0],)
+        specs = self.ep.graph_signature.output_specs
+        outputs, names, moves = [], [], []
+        for spec, value in zip(specs, flat):
+            kind = spec.kind.name
+            if kind in _MUTATION_KINDS:
+                moves.append((self.output_ref(value), self.state_value[spec.target]))
+            elif kind == "USER_INPUT_MUTATION":
+                moves.append((self.output_ref(value), self.by_input_name[spec.target]))
+            elif kind != "TOKEN":
+                outputs.append(self.output_ref(value))
+                names.append(getattr(spec.arg, "name", ""))
+        for src, dst in moves:
+            if src != dst:
+                self.emit_instruction(lambda d, s=src, t=dst: schema.MoveCall(s, t, d), node)
+        return outputs, names
+
+    # -- driver ---------------------------------------------------------------------------------
+
+    def emit(self) -> schema.Method:
+        sig = self.ep.graph_signature
+        mutated = {s.target for s in sig.output_specs if s.kind.name in _MUTATION_KINDS}
+        specs = {s.arg.name: s for s in sig.input_specs if hasattr(s.arg, "name")}
+        outputs: list[int] = []
+        output_names: list[str] = []
+        for node in self.ep.graph.nodes:
+            if node.op == "placeholder":
+                spec = specs.get(node.name)
+                if spec is None:
+                    raise EmitError(f"placeholder {node.name!r} has no input spec")
+                self.emit_placeholder(node, spec, mutated)
+            elif node.op == "get_attr":
+                obj = kernels.get_attr(self.gm, node.target)
+                if isinstance(obj, torch.Tensor):
+                    self.node_value[node] = self.constant_tensor(obj)
+            elif node.op == "call_function":
+                self.emit_call(node)
+            elif node.op == "output":
+                outputs, output_names = self.emit_outputs(node)
+            else:
+                raise EmitError(f"node {node.name!r}: op {node.op!r} cannot be emitted")
+        return self.finish(outputs, output_names)
+
+    def finish(self, outputs: list[int], output_names: list[str]) -> schema.Method:
+        planned = {
+            i: _nbytes(v) for i, v in enumerate(self.values)
+            if isinstance(v, _PendingTensor) and v.bounded
+        }
+        names = {i: v.name for i, v in enumerate(self.values) if isinstance(v, _PendingTensor)}
+        plan = planning.plan_method(
+            self.values, self.instructions, planned, outputs=outputs,
+            whole_method=self.whole_method, names=names, alignment=self.config.alignment,
+        )
+        values = tuple(_finalize(v, plan, i) for i, v in enumerate(self.values))
+        ops = tuple(sorted(self.operators, key=self.operators.__getitem__))
+        return schema.Method(
+            name=self.name,
+            values=values,
+            inputs=tuple(self.inputs),
+            outputs=tuple(outputs),
+            operators=ops,
+            instructions=tuple(self.instructions),
+            debug=tuple(self.debug),
+            plan=schema.MethodPlan(plan.arenas, plan.lower_bound, plan.alignment),
+            input_names=tuple(self.input_names),
+            output_names=tuple(output_names),
+            in_spec=_spec_json(self.ep, 0),
+            out_spec=_spec_json(self.ep, 1),
+        )
+
+
+def _returns_list(choice: kernels.KernelChoice) -> bool:
+    returns = choice.functional._schema.returns
+    return len(returns) == 1 and returns[0].type.kind() == "ListType"
+
+
+def _nbytes(v: _PendingTensor) -> int:
+    n = schema.ELEMENT_SIZE[v.dtype]
+    for s in v.sizes:
+        n *= s
+    return n
+
+
+def _finalize(v: Any, plan: planning.MemoryPlan, index: int) -> schema.EValue:
+    if not isinstance(v, _PendingTensor):
+        return v
+    alloc = plan.allocations.get(index)
+    storage: schema.Storage = alloc if alloc is not None else schema.DynamicStorage()
+    return schema.Tensor(v.dtype, v.sizes, v.dim_order, storage, v.dynamic, v.initial)
+
+
+def _spec_json(ep: Any, which: int) -> str:
+    from exportir.pytree import treespec_dumps
+
+    try:
+        spec = ep.call_spec[which]
+        return "" if spec is None else treespec_dumps(spec)
+    except Exception:  # a spec that cannot be serialized is left out: the method stays callable
+        return ""
+
+
+def constant_method(name: str, value: Any, program: ProgramBuilder) -> schema.Method:
+    """A method without instructions that returns ``value`` (or each item of a tuple/list)."""
+    items: Sequence[Any] = value if isinstance(value, (list, tuple)) else (value,)
+    values: list[schema.EValue] = []
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            buffer = program.constant(tensor_bytes(item))
+            values.append(schema.Tensor(kernels.scalar_type(item.dtype), tuple(item.shape),
+                                        tuple(range(item.dim())), schema.ConstantData(buffer)))
+        elif isinstance(item, bool):
+            values.append(schema.Bool(item))
+        elif isinstance(item, int):
+            values.append(schema.Int(item))
+        elif isinstance(item, float):
+            values.append(schema.Double(item))
+        elif isinstance(item, str):
+            values.append(schema.String(item))
+        elif item is None:
+            values.append(schema.Null())
+        else:
+            raise EmitError(f"constant method {name!r}: unsupported value {item!r}")
+    return schema.Method(
+        name=name, values=tuple(values), inputs=(), outputs=tuple(range(len(values))),
+        operators=(), instructions=(), debug=(), plan=schema.MethodPlan(),
+    )

@@ -1,0 +1,114 @@
+"""Emission: edge/backend ``ExportedProgram`` s -> :class:`schema.Program`.
+
+For each method, in graph order: placeholders become input / constant / state values, each
+``call_function`` node becomes one instruction (its op's out variant, a delegate call, or a
+runtime primitive on symbolic scalars), and the output node's mutations become ``MoveCall`` s into
+the mutated buffers / inputs. Then the planned tensors get arena offsets
+(:func:`planning.plan_method`) and the program is validated as the loader will validate it.
+
+Before anything is built, :func:`check_kernel_coverage` checks that every node can run; a program
+that cannot run is never written. The output depends only on the graphs and tensor values:
+the same model gives the same ``Program`` (and the same bytes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from exportir.program import _emit_method, kernels, planning, schema, validate
+from exportir.program.kernels import EmitError, KernelCoverageError, source_line
+
+__all__ = [
+    "EmitConfig",
+    "EmitError",
+    "KernelCoverageError",
+    "check_kernel_coverage",
+    "emit_program",
+    "source_line",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class EmitConfig:
+    """How to emit. ``kernel_available(name, overload)`` lets a runtime's kernel registry
+    narrow the coverage check (default: every ATen out variant is available)."""
+
+    alignment: int = 16
+    kernel_available: Callable[[str, str], bool] | None = None
+
+
+def check_kernel_coverage(
+    methods: Mapping[str, Any], config: EmitConfig | None = None
+) -> None:
+    """Raise :class:`KernelCoverageError` listing every op no kernel can run, with the nodes and
+    their source lines, before anything is emitted."""
+    config = config or EmitConfig()
+    missing: dict[tuple[str, str], list[str]] = {}
+    for method_name, ep in methods.items():
+        gm = ep.graph_module
+        for node in ep.graph.nodes:
+            if node.op != "call_function":
+                continue
+            kind = kernels.classify(node, gm)
+            op = kernels.aten_op(node.target)
+            if kind == "kernel" and config.kernel_available is not None:
+                chosen = kernels.out_variant(op).operator
+                if not config.kernel_available(chosen.name, chosen.overload):
+                    kind = f"!the runtime has no kernel {chosen}"
+            if not kind.startswith("!"):
+                continue
+            where = source_line(node)
+            entry = f"{method_name}:{node.name}" + (f" ({where})" if where else "")
+            missing.setdefault((kernels.display_name(op), kind[1:]), []).append(entry)
+    if not missing:
+        return
+    lines = [
+        f"{len(missing)} operator(s) have no kernel the runtime can run; no program was written:"
+    ]
+    for (op_name, reason), nodes in sorted(missing.items()):
+        lines.append(f"  {op_name}: {reason}; nodes: {', '.join(nodes)}")
+    lines.append(
+        "Fix: decompose these ops (run_decompositions / to_edge), delegate them to a backend "
+        "(to_backend), or register a kernel for them in the runtime."
+    )
+    raise KernelCoverageError("\n".join(lines))
+
+
+def emit_program(
+    methods: Mapping[str, Any],
+    config: EmitConfig | None = None,
+    *,
+    constant_methods: Mapping[str, Any] | None = None,
+) -> schema.Program:
+    """Emit ``methods`` (name -> edge or backend ``ExportedProgram``) as one program.
+
+    ``constant_methods`` (name -> int/float/bool/str/tensor or a tuple/list of them) become
+    methods without instructions returning those values. Raises :class:`KernelCoverageError`
+    before emitting if some node cannot run, :class:`EmitError` for unsupported graphs.
+    """
+    config = config or EmitConfig()
+    check_kernel_coverage(methods, config)
+    builder = _emit_method.ProgramBuilder()
+    emitted = []
+    for name in sorted(methods):
+        emitted.append(_emit_method.MethodEmitter(name, methods[name], builder, config).emit())
+    for name in sorted(constant_methods or {}):
+        if name in methods:
+            raise EmitError(f"constant method {name!r} clashes with a method of the same name")
+        emitted.append(_emit_method.constant_method(name, constant_methods[name], builder))
+    program = schema.Program(
+        version=schema.FORMAT_VERSION,
+        methods=tuple(emitted),
+        constants=tuple(builder.constants),
+        delegates=tuple(builder.delegates),
+    )
+    validate.validate_program(program)
+    return program
+
+
+def plan_summary(plan: planning.MemoryPlan) -> schema.MethodPlan:
+    return schema.MethodPlan(plan.arenas, plan.lower_bound, plan.alignment)

@@ -1,0 +1,248 @@
+"""Which kernel runs a graph node: out-variant selection and the kernel coverage check.
+
+A functional ATen op (``aten.add.Tensor``) runs as its out variant (``aten.add.out``): the
+overload of the same packet whose non-out arguments match the functional arguments (names and
+types) and whose out arguments (``Tensor(a!)``, keyword-only) receive the results in return
+order. Views run as their ``*_copy`` op (``aten.view.default`` -> ``aten.view_copy.out``): a
+program's tensors never alias. Everything here is read from the op schemas, not from a list.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from exportir.fx import Node
+from exportir.program import schema
+
+# graph-level no-ops: runtime assertions the emitter drops
+SKIPPED_OPS: frozenset[str] = frozenset(
+    {
+        "aten::_assert_async",
+        "aten::_assert_async.msg",
+        "aten::_assert_scalar",
+        "aten::sym_constrain_range",
+        "aten::sym_constrain_range_for_size",
+        "aten::_assert_tensor_metadata",
+        "aten::_functional_assert_async.msg",
+        "aten::_functional_assert_scalar",
+    }
+)
+
+# Python operators on symbolic scalars -> runtime primitive (schema.PRIM_OPERATORS)
+PYTHON_PRIMS: dict[Callable[..., Any], tuple[str, str]] = {
+    operator.add: ("exportir_prim::add", "Scalar"),
+    operator.sub: ("exportir_prim::sub", "Scalar"),
+    operator.mul: ("exportir_prim::mul", "Scalar"),
+    operator.floordiv: ("exportir_prim::floordiv", "Scalar"),
+    operator.truediv: ("exportir_prim::truediv", "Scalar"),
+    operator.mod: ("exportir_prim::mod", "Scalar"),
+    operator.neg: ("exportir_prim::neg", "Scalar"),
+    operator.eq: ("exportir_prim::eq", "Scalar"),
+    operator.ne: ("exportir_prim::ne", "Scalar"),
+    operator.lt: ("exportir_prim::lt", "Scalar"),
+    operator.le: ("exportir_prim::le", "Scalar"),
+    operator.gt: ("exportir_prim::gt", "Scalar"),
+    operator.ge: ("exportir_prim::ge", "Scalar"),
+}
+
+SYM_OPS: frozenset[str] = frozenset({"aten::sym_size.int", "aten::sym_numel", "aten::sym_storage_offset"})
+
+
+@dataclass(frozen=True, slots=True)
+class KernelChoice:
+    """The out-variant overload running a functional op, and its out argument names."""
+
+    functional: torch._ops.OpOverload
+    out: torch._ops.OpOverload
+    out_args: tuple[str, ...]
+
+    @property
+    def operator(self) -> schema.Operator:
+        return operator_of(self.out)
+
+
+def operator_of(op: torch._ops.OpOverload) -> schema.Operator:
+    name = op._schema.name
+    overload = op._schema.overload_name
+    return schema.Operator(name, overload)
+
+
+def qualified_name(op: torch._ops.OpOverload) -> str:
+    """``aten::add.Tensor`` (the schema name and overload)."""
+    s = op._schema
+    return f"{s.name}.{s.overload_name}" if s.overload_name else s.name
+
+
+def display_name(op: Any) -> str:
+    """``aten.add.Tensor`` as graphs print it."""
+    if isinstance(op, torch._ops.OpOverload):
+        s = op._schema
+        ns, _, name = s.name.partition("::")
+        return f"{ns}.{name}.{s.overload_name or 'default'}"
+    return getattr(op, "__name__", str(op))
+
+
+def aten_op(target: Any) -> Any:
+    """The ``OpOverload`` behind a node target (edge ops wrap it as ``aten_op``)."""
+    return getattr(target, "aten_op", target)
+
+
+def _packet(op: torch._ops.OpOverload, name: str | None = None) -> Any:
+    ns, _, base = op._schema.name.partition("::")
+    try:
+        return getattr(getattr(torch.ops, ns), name or base)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _is_view(op: torch._ops.OpOverload) -> bool:
+    s = op._schema
+    if any(a.alias_info is not None and a.alias_info.is_write for a in s.arguments):
+        return False
+    return any(r.alias_info is not None for r in s.returns)
+
+
+def _signature(args: list[Any]) -> tuple[tuple[str, str], ...]:
+    return tuple((a.name, str(a.type)) for a in args)
+
+
+def _match_out(functional: torch._ops.OpOverload, packet: Any) -> KernelChoice | None:
+    fs = functional._schema
+    want = _signature(list(fs.arguments))
+    found: list[tuple[int, str, torch._ops.OpOverload, tuple[str, ...]]] = []
+    for name in packet.overloads():
+        candidate = getattr(packet, name)
+        args = list(candidate._schema.arguments)
+        outs = tuple(a.name for a in args if a.is_out)
+        if not outs or _signature([a for a in args if not a.is_out]) != want:
+            continue
+        list_return = len(fs.returns) == 1 and fs.returns[0].type.kind() == "ListType"
+        if not list_return and len(outs) != len(fs.returns):
+            continue
+        rank = 0 if name == "out" or name == f"{fs.overload_name}_out" else 1
+        found.append((rank, name, candidate, outs))
+    if not found:
+        return None
+    _, _, best, outs = min(found, key=lambda f: (f[0], f[1]))
+    return KernelChoice(functional, best, outs)
+
+
+@functools.cache
+def out_variant(op: torch._ops.OpOverload) -> KernelChoice | None:
+    """The out variant running ``op`` (via its ``*_copy`` op for views), or None."""
+    if any(a.is_out for a in op._schema.arguments):
+        outs = tuple(a.name for a in op._schema.arguments if a.is_out)
+        return KernelChoice(op, op, outs)  # already an out variant
+    if any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments):
+        return None  # in-place: not allowed in a functional program
+    functional = op
+    if _is_view(op):
+        base = op._schema.name.partition("::")[2]
+        copy_packet = _packet(op, base + "_copy")
+        overload = op._schema.overload_name or "default"
+        if copy_packet is None or overload not in copy_packet.overloads():
+            return None
+        functional = getattr(copy_packet, overload)
+    packet = _packet(functional)
+    if packet is None:
+        return None
+    return _match_out(functional, packet)
+
+
+def is_sym_op(op: Any) -> bool:
+    return isinstance(op, torch._ops.OpOverload) and qualified_name(op) in SYM_OPS
+
+
+def is_skipped(op: Any) -> bool:
+    return isinstance(op, torch._ops.OpOverload) and qualified_name(op) in SKIPPED_OPS
+
+
+class EmitError(ValueError):
+    """A graph cannot be turned into a program (unsupported construct), with the node named."""
+
+
+class KernelCoverageError(EmitError):
+    """Some nodes have no kernel the runtime can run; lists every op, node and source line."""
+
+
+_DTYPES: dict[torch.dtype, schema.ScalarType] = {
+    getattr(torch, name): st for st, name in schema.TORCH_DTYPE_NAME.items() if hasattr(torch, name)
+}
+LAYOUTS = {torch.strided: 0, torch.sparse_coo: 1}
+MEMORY_FORMATS = {
+    torch.contiguous_format: 0,
+    torch.preserve_format: 1,
+    torch.channels_last: 2,
+    torch.channels_last_3d: 3,
+}
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def source_line(node: Node) -> str:
+    """The user's ``file:line`` of a node (innermost frame outside torch), or ``""``."""
+    frames = _FRAME.findall(node.meta.get("stack_trace") or "")
+    if not frames:
+        return ""
+    user = [f for f in frames if "/torch/" not in f[0]]
+    file, line = (user or frames)[-1]
+    return f"{file}:{line}"
+
+
+def scalar_type(dtype: torch.dtype) -> schema.ScalarType:
+    found = _DTYPES.get(dtype)
+    if found is None:
+        raise EmitError(f"dtype {dtype} has no program-file scalar type")
+    return found
+
+
+# ------------------------------------------------------------------------------ node classes
+
+
+def get_attr(gm: Any, target: str) -> Any:
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def is_lowered_module(obj: Any) -> bool:
+    return hasattr(obj, "backend_id") and hasattr(obj, "processed_bytes")
+
+
+def delegate_module(node: Node, gm: Any) -> Any:
+    """The LoweredBackendModule a delegate-call node calls, or None for other nodes."""
+    if node.op != "call_function" or not node.args:
+        return None
+    first = node.args[0]
+    if not isinstance(first, Node) or first.op != "get_attr":
+        return None
+    obj = get_attr(gm, first.target)
+    return obj if is_lowered_module(obj) else None
+
+
+def classify(node: Node, gm: Any) -> str:
+    """One of getitem, skip, sym, prim, delegate, kernel, or ``!reason`` (cannot run)."""
+    target = node.target
+    if target is operator.getitem:
+        return "getitem"
+    if delegate_module(node, gm) is not None:
+        return "delegate"
+    if target in PYTHON_PRIMS:
+        return "prim"
+    op = aten_op(target)
+    if not isinstance(op, torch._ops.OpOverload):
+        return f"!{display_name(target)} is not an ATen operator (no kernel)"
+    if is_skipped(op):
+        return "skip"
+    if is_sym_op(op):
+        return "sym"
+    if out_variant(op) is None:
+        return "!no out-variant overload"
+    return "kernel"

@@ -1,0 +1,380 @@
+"""The program file format as plain data: frozen, slotted dataclasses and closed unions.
+
+A :class:`Program` holds named :class:`Method` s, the constant buffers they read and the delegate
+blobs they call. A method is a table of values (``values``), the indices of its inputs and
+outputs, the operators it calls, a schedule of :data:`Instruction` s that refer to values by
+index, a debug table and its memory plan (arena sizes).
+
+This module imports nothing but the standard library: the runtime reads it without the compiler.
+Conventions that the emitter and the runtime share are documented in
+``docs/format/program-file.md``; the essentials:
+
+- ``KernelCall.args`` holds one value index per argument of the *out-variant* schema of
+  ``operators[op_index]``, in schema order (keyword-only and out arguments included; defaults are
+  filled in). Runtime-provided primitives (:data:`PRIM_OPERATORS`) put their result last.
+- ``DelegateCall.args`` are the inputs of the delegated subgraph, ``outputs`` its results.
+- ``MoveCall`` copies the contents of ``src`` into ``dst`` (same kind; tensors of equal shape).
+- ``JumpFalseCall`` jumps to instruction ``dest`` when the Bool (or one-element tensor) value
+  ``cond_value`` is false; otherwise falls through.
+- ``FreeCall`` releases a runtime-allocated (``DynamicStorage``) tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Union
+
+FORMAT_VERSION = 1
+"""Major version of the program format written by this module; readers reject others."""
+
+
+class ScalarType(IntEnum):
+    """Tensor element types, numbered as c10::ScalarType (and ExecuTorch) number them."""
+
+    BYTE = 0
+    CHAR = 1
+    SHORT = 2
+    INT = 3
+    LONG = 4
+    HALF = 5
+    FLOAT = 6
+    DOUBLE = 7
+    COMPLEX_HALF = 8
+    COMPLEX_FLOAT = 9
+    COMPLEX_DOUBLE = 10
+    BOOL = 11
+    BFLOAT16 = 15
+    UINT16 = 27
+    UINT32 = 28
+    UINT64 = 29
+
+
+ELEMENT_SIZE: dict[ScalarType, int] = {
+    ScalarType.BYTE: 1,
+    ScalarType.CHAR: 1,
+    ScalarType.SHORT: 2,
+    ScalarType.INT: 4,
+    ScalarType.LONG: 8,
+    ScalarType.HALF: 2,
+    ScalarType.FLOAT: 4,
+    ScalarType.DOUBLE: 8,
+    ScalarType.COMPLEX_HALF: 4,
+    ScalarType.COMPLEX_FLOAT: 8,
+    ScalarType.COMPLEX_DOUBLE: 16,
+    ScalarType.BOOL: 1,
+    ScalarType.BFLOAT16: 2,
+    ScalarType.UINT16: 2,
+    ScalarType.UINT32: 4,
+    ScalarType.UINT64: 8,
+}
+
+TORCH_DTYPE_NAME: dict[ScalarType, str] = {
+    ScalarType.BYTE: "uint8",
+    ScalarType.CHAR: "int8",
+    ScalarType.SHORT: "int16",
+    ScalarType.INT: "int32",
+    ScalarType.LONG: "int64",
+    ScalarType.HALF: "float16",
+    ScalarType.FLOAT: "float32",
+    ScalarType.DOUBLE: "float64",
+    ScalarType.COMPLEX_HALF: "complex32",
+    ScalarType.COMPLEX_FLOAT: "complex64",
+    ScalarType.COMPLEX_DOUBLE: "complex128",
+    ScalarType.BOOL: "bool",
+    ScalarType.BFLOAT16: "bfloat16",
+    ScalarType.UINT16: "uint16",
+    ScalarType.UINT32: "uint32",
+    ScalarType.UINT64: "uint64",
+}
+"""``getattr(torch, TORCH_DTYPE_NAME[t])`` is the torch dtype of ``t``."""
+
+# Runtime-provided primitives: (name, overload) -> arity; the result is the last argument.
+PRIM_OPERATORS: dict[tuple[str, str], int] = {
+    ("aten::sym_size", "int"): 2,
+    ("aten::sym_numel", ""): 1,
+    ("aten::sym_storage_offset", ""): 1,
+    ("exportir_prim::add", "Scalar"): 2,
+    ("exportir_prim::sub", "Scalar"): 2,
+    ("exportir_prim::mul", "Scalar"): 2,
+    ("exportir_prim::floordiv", "Scalar"): 2,
+    ("exportir_prim::truediv", "Scalar"): 2,
+    ("exportir_prim::mod", "Scalar"): 2,
+    ("exportir_prim::neg", "Scalar"): 1,
+    ("exportir_prim::eq", "Scalar"): 2,
+    ("exportir_prim::ne", "Scalar"): 2,
+    ("exportir_prim::lt", "Scalar"): 2,
+    ("exportir_prim::le", "Scalar"): 2,
+    ("exportir_prim::gt", "Scalar"): 2,
+    ("exportir_prim::ge", "Scalar"): 2,
+}
+
+
+# ------------------------------------------------------------------------------ tensor storage
+
+
+@dataclass(frozen=True, slots=True)
+class ConstantData:
+    """Read-only data: ``Program.constants[buffer]`` (in the file's aligned data segment)."""
+
+    buffer: int
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """Planned memory: ``nbytes`` at byte ``offset`` of arena ``arena`` of the method."""
+
+    arena: int
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class InputStorage:
+    """A user input: the caller's tensor is bound to this value at call time."""
+
+
+@dataclass(frozen=True, slots=True)
+class DynamicStorage:
+    """Memory the runtime allocates while running (sizes without a static upper bound)."""
+
+
+Storage = Union[ConstantData, Allocation, InputStorage, DynamicStorage]
+
+
+# ------------------------------------------------------------------------------ values
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """A tensor value. ``sizes`` are exact, or upper bounds when ``dynamic``.
+
+    ``dim_order`` lists the dimensions from outermost to innermost in memory (``(0, 1, ..., n-1)``
+    is contiguous). ``initial`` names a constant buffer copied into planned storage when the
+    method is loaded (mutable buffers: state kept across calls).
+    """
+
+    dtype: ScalarType
+    sizes: tuple[int, ...]
+    dim_order: tuple[int, ...]
+    storage: Storage
+    dynamic: bool = False
+    initial: int | None = None
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.sizes:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * ELEMENT_SIZE[self.dtype]
+
+
+@dataclass(frozen=True, slots=True)
+class Int:
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
+class Double:
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class Bool:
+    value: bool
+
+
+@dataclass(frozen=True, slots=True)
+class String:
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class Null:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class IntList:
+    """Indices of ``Int`` values (so that list entries may be computed at run time)."""
+
+    items: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DoubleList:
+    values: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BoolList:
+    values: tuple[bool, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorList:
+    """Indices of ``Tensor`` values."""
+
+    items: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OptionalTensorList:
+    """Indices of ``Tensor`` or ``Null`` values (``Tensor?[]`` arguments)."""
+
+    items: tuple[int, ...]
+
+
+EValue = Union[
+    Tensor, Int, Double, Bool, String, Null, IntList, DoubleList, BoolList, TensorList,
+    OptionalTensorList,
+]
+
+EVALUE_TYPES: tuple[type, ...] = (
+    Tensor, Int, Double, Bool, String, Null, IntList, DoubleList, BoolList, TensorList,
+    OptionalTensorList,
+)
+
+
+# ------------------------------------------------------------------------------ instructions
+
+
+@dataclass(frozen=True, slots=True)
+class KernelCall:
+    op_index: int
+    args: tuple[int, ...]
+    debug: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DelegateCall:
+    delegate_index: int
+    args: tuple[int, ...]
+    outputs: tuple[int, ...] = ()
+    debug: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MoveCall:
+    src: int
+    dst: int
+    debug: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class JumpFalseCall:
+    cond_value: int
+    dest: int
+    debug: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FreeCall:
+    value: int
+    debug: int = 0
+
+
+Instruction = Union[KernelCall, DelegateCall, MoveCall, JumpFalseCall, FreeCall]
+
+INSTRUCTION_TYPES: tuple[type, ...] = (KernelCall, DelegateCall, MoveCall, JumpFalseCall, FreeCall)
+
+
+# ------------------------------------------------------------------------------ method, program
+
+
+@dataclass(frozen=True, slots=True)
+class Operator:
+    """An operator a method calls: ``aten::add`` + ``out`` is ``torch.ops.aten.add.out``."""
+
+    name: str
+    overload: str
+
+    def __str__(self) -> str:
+        return f"{self.name}.{self.overload}" if self.overload else self.name
+
+
+@dataclass(frozen=True, slots=True)
+class DebugEntry:
+    """Where an instruction came from: the graph node and the user's ``file:line``."""
+
+    node_name: str
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class MethodPlan:
+    """Arena sizes in bytes (one per arena) and the plan's lower bound (peak live bytes)."""
+
+    arenas: tuple[int, ...] = ()
+    lower_bound: int = 0
+    alignment: int = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    name: str
+    values: tuple[EValue, ...]
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    operators: tuple[Operator, ...]
+    instructions: tuple[Instruction, ...]
+    debug: tuple[DebugEntry, ...]
+    plan: MethodPlan
+    input_names: tuple[str, ...] = ()
+    output_names: tuple[str, ...] = ()
+    in_spec: str = ""
+    out_spec: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ConstantBuffer:
+    """Bytes of one constant tensor (contiguous, native little-endian element layout)."""
+
+    data: bytes | memoryview
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) if isinstance(self.data, bytes) else self.data.nbytes
+
+
+@dataclass(frozen=True, slots=True)
+class CompileSpec:
+    key: str
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Delegate:
+    """A blob produced by a backend's ``preprocess``, executed by the runtime's delegate
+    registry entry for ``backend_id``."""
+
+    backend_id: str
+    data: bytes | memoryview
+    compile_specs: tuple[CompileSpec, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) if isinstance(self.data, bytes) else self.data.nbytes
+
+
+@dataclass(frozen=True, slots=True)
+class Program:
+    version: int
+    methods: tuple[Method, ...]
+    constants: tuple[ConstantBuffer, ...] = ()
+    delegates: tuple[Delegate, ...] = ()
+
+    def method(self, name: str) -> Method:
+        for m in self.methods:
+            if m.name == name:
+                return m
+        names = ", ".join(repr(m.name) for m in self.methods)
+        raise KeyError(f"program has no method {name!r}; it has {names}")
+
+    @property
+    def method_names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.methods)

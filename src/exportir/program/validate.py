@@ -1,0 +1,285 @@
+"""Load-time validation of a :class:`schema.Program`: everything is checked before use.
+
+:func:`validate_program` checks every index (values, operators, delegates, constants, debug
+entries, jump targets), value kinds of instruction operands, tensor dtypes, sizes and dim orders,
+storage (constant sizes, arena bounds, alignment) and the memory plan (no two simultaneously-live
+planned tensors overlap). The first problem raises :class:`ProgramLoadError` naming the field.
+
+Bounds (:class:`LoadLimits`) keep a hostile file from asking for unbounded memory; jumps must go
+forward, so a method always terminates. Imports only the standard library and the format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from exportir.program import planning, schema
+
+
+class ProgramLoadError(ValueError):
+    """A program file (or Program) is malformed. ``reason`` says what; ``field`` names the
+    structure path (``methods[0].values[3].sizes``) and ``offset`` the byte offset, when known."""
+
+    def __init__(self, reason: str, field: str | None = None, offset: int | None = None) -> None:
+        self.reason = reason
+        self.field = field
+        self.offset = offset
+        where = []
+        if field:
+            where.append(field)
+        if offset is not None:
+            where.append(f"offset {offset}")
+        super().__init__(f"{', '.join(where)}: {reason}" if where else reason)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadLimits:
+    """Upper bounds a loaded program must respect (bytes, elements, counts)."""
+
+    max_tensor_bytes: int = 1 << 36
+    max_arena_bytes: int = 1 << 36
+    max_rank: int = 64
+
+
+DEFAULT_LIMITS = LoadLimits()
+
+
+def _fail(reason: str, field: str) -> ProgramLoadError:
+    return ProgramLoadError(reason, field)
+
+
+def _index(i: object, n: int, field: str, what: str) -> int:
+    if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < n:
+        raise _fail(f"{what} index {i!r} out of range [0, {n})", field)
+    return i
+
+
+class _MethodChecker:
+    def __init__(
+        self, program: schema.Program, method: schema.Method, field: str, limits: LoadLimits
+    ) -> None:
+        self.program = program
+        self.m = method
+        self.f = field
+        self.limits = limits
+        self.n = len(method.values)
+
+    def value(self, i: object, field: str, kinds: tuple[type, ...], what: str) -> int:
+        i = _index(i, self.n, field, "value")
+        if not isinstance(self.m.values[i], kinds):
+            names = "/".join(k.__name__ for k in kinds)
+            raise _fail(f"{what} must be {names}; value {i} is "
+                        f"{type(self.m.values[i]).__name__}", field)
+        return i
+
+    # -- values ---------------------------------------------------------------------------------
+
+    def tensor(self, t: schema.Tensor, field: str) -> None:
+        if not isinstance(t.dtype, schema.ScalarType):
+            raise _fail(f"unknown dtype {t.dtype!r}", f"{field}.dtype")
+        if len(t.sizes) > self.limits.max_rank:
+            raise _fail(f"rank {len(t.sizes)} exceeds {self.limits.max_rank}", f"{field}.sizes")
+        nbytes = schema.ELEMENT_SIZE[t.dtype]
+        for d, s in enumerate(t.sizes):
+            if not isinstance(s, int) or isinstance(s, bool) or s < 0:
+                raise _fail(f"size {s!r} is not a non-negative int", f"{field}.sizes[{d}]")
+            nbytes *= s
+            if nbytes > self.limits.max_tensor_bytes:
+                raise _fail(f"tensor exceeds {self.limits.max_tensor_bytes} bytes",
+                            f"{field}.sizes")
+        if sorted(t.dim_order) != list(range(len(t.sizes))):
+            raise _fail(f"dim_order {t.dim_order} is not a permutation of "
+                        f"0..{len(t.sizes) - 1}", f"{field}.dim_order")
+        self.storage(t, nbytes, field)
+
+    def constant_size(self, buffer: object, nbytes: int, field: str) -> None:
+        b = _index(buffer, len(self.program.constants), field, "constant buffer")
+        have = self.program.constants[b].nbytes
+        if have != nbytes:
+            raise _fail(f"constant buffer {b} holds {have} bytes; the tensor needs {nbytes}", field)
+
+    def storage(self, t: schema.Tensor, nbytes: int, field: str) -> None:
+        st = t.storage
+        if t.initial is not None:
+            if not isinstance(st, schema.Allocation):
+                raise _fail("only planned tensors may have initial data", f"{field}.initial")
+            self.constant_size(t.initial, nbytes, f"{field}.initial")
+        match st:
+            case schema.ConstantData(buffer=b):
+                self.constant_size(b, nbytes, f"{field}.storage.buffer")
+            case schema.Allocation(arena=arena, offset=offset, nbytes=size):
+                arenas = self.m.plan.arenas
+                _index(arena, len(arenas), f"{field}.storage.arena", "arena")
+                if size != nbytes:
+                    raise _fail(f"allocation of {size} bytes for a {nbytes}-byte tensor",
+                                f"{field}.storage.nbytes")
+                if offset < 0 or offset % self.m.plan.alignment:
+                    raise _fail(f"offset {offset} is not a non-negative multiple of "
+                                f"{self.m.plan.alignment}", f"{field}.storage.offset")
+                if offset + size > arenas[arena]:
+                    raise _fail(f"bytes [{offset}, {offset + size}) exceed arena {arena} "
+                                f"({arenas[arena]} bytes)", f"{field}.storage")
+            case schema.InputStorage() | schema.DynamicStorage():
+                pass
+            case _:
+                raise _fail(f"unknown storage {st!r}", f"{field}.storage")
+
+    def values(self) -> None:
+        tensor_kinds = (schema.Tensor,)
+        for i, v in enumerate(self.m.values):
+            field = f"{self.f}.values[{i}]"
+            match v:
+                case schema.Tensor():
+                    self.tensor(v, field)
+                case schema.IntList(items=items):
+                    for k, item in enumerate(items):
+                        self.value(item, f"{field}.items[{k}]", (schema.Int,), "IntList item")
+                case schema.TensorList(items=items):
+                    for k, item in enumerate(items):
+                        self.value(item, f"{field}.items[{k}]", tensor_kinds, "TensorList item")
+                case schema.OptionalTensorList(items=items):
+                    for k, item in enumerate(items):
+                        self.value(item, f"{field}.items[{k}]", (schema.Tensor, schema.Null),
+                                   "OptionalTensorList item")
+                case _ if isinstance(v, schema.EVALUE_TYPES):
+                    pass
+                case _:
+                    raise _fail(f"unknown value kind {type(v).__name__}", field)
+
+    # -- signature, instructions, plan ----------------------------------------------------------
+
+    def signature(self) -> None:
+        for k, i in enumerate(self.m.inputs):
+            field = f"{self.f}.inputs[{k}]"
+            i = self.value(i, field, (schema.Tensor, schema.Int, schema.Double, schema.Bool,
+                                      schema.Null), "an input")
+            v = self.m.values[i]
+            if isinstance(v, schema.Tensor) and not isinstance(v.storage, schema.InputStorage):
+                raise _fail("an input tensor must have InputStorage", field)
+        for k, i in enumerate(self.m.outputs):
+            _index(i, self.n, f"{self.f}.outputs[{k}]", "value")
+        for k, op in enumerate(self.m.operators):
+            if not op.name or "::" not in op.name:
+                raise _fail(f"operator name {op.name!r} is not 'namespace::name'",
+                            f"{self.f}.operators[{k}]")
+
+    def instruction(self, pc: int, ins: schema.Instruction) -> None:
+        field = f"{self.f}.instructions[{pc}]"
+        if self.m.debug or ins.debug:
+            _index(ins.debug, len(self.m.debug), f"{field}.debug", "debug entry")
+        match ins:
+            case schema.KernelCall(op_index=op, args=args):
+                op = _index(op, len(self.m.operators), f"{field}.op_index", "operator")
+                for k, a in enumerate(args):
+                    _index(a, self.n, f"{field}.args[{k}]", "value")
+                o = self.m.operators[op]
+                arity = schema.PRIM_OPERATORS.get((o.name, o.overload))
+                if arity is not None and len(args) != arity + 1:
+                    raise _fail(f"{o} takes {arity} arguments and a result; got {len(args)}",
+                                f"{field}.args")
+            case schema.DelegateCall(delegate_index=d, args=args, outputs=outputs):
+                _index(d, len(self.program.delegates), f"{field}.delegate_index", "delegate")
+                for k, a in enumerate(args):
+                    _index(a, self.n, f"{field}.args[{k}]", "value")
+                for k, a in enumerate(outputs):
+                    self.value(a, f"{field}.outputs[{k}]", (schema.Tensor,), "a delegate output")
+            case schema.MoveCall(src=src, dst=dst):
+                src = _index(src, self.n, f"{field}.src", "value")
+                dst = _index(dst, self.n, f"{field}.dst", "value")
+                if type(self.m.values[src]) is not type(self.m.values[dst]):
+                    raise _fail("source and destination have different kinds", field)
+            case schema.JumpFalseCall(cond_value=cond, dest=dest):
+                self.value(cond, f"{field}.cond_value", (schema.Bool, schema.Tensor),
+                           "a jump condition")
+                if not isinstance(dest, int) or not pc < dest <= len(self.m.instructions):
+                    raise _fail(f"jump target {dest!r} must be forward, in "
+                                f"({pc}, {len(self.m.instructions)}]", f"{field}.dest")
+            case schema.FreeCall(value=v):
+                v = self.value(v, f"{field}.value", (schema.Tensor,), "a freed value")
+                if not isinstance(self.m.values[v].storage, schema.DynamicStorage):
+                    raise _fail("only runtime-allocated tensors may be freed", field)
+            case _:
+                raise _fail(f"unknown instruction {type(ins).__name__}", field)
+
+    def plan(self) -> None:
+        p = self.m.plan
+        field = f"{self.f}.plan"
+        if not isinstance(p.alignment, int) or not 1 <= p.alignment <= 4096 or (
+            p.alignment & (p.alignment - 1)
+        ):
+            raise _fail(f"alignment {p.alignment!r} is not a power of two <= 4096",
+                        f"{field}.alignment")
+        for k, size in enumerate(p.arenas):
+            if not isinstance(size, int) or not 0 <= size <= self.limits.max_arena_bytes:
+                raise _fail(f"arena size {size!r} not in [0, {self.limits.max_arena_bytes}]",
+                            f"{field}.arenas[{k}]")
+        if sum(p.arenas) > self.limits.max_arena_bytes:
+            raise _fail(f"arenas total more than {self.limits.max_arena_bytes} bytes",
+                        f"{field}.arenas")
+        if not isinstance(p.lower_bound, int) or p.lower_bound < 0:
+            raise _fail(f"lower bound {p.lower_bound!r} is negative", f"{field}.lower_bound")
+
+    def overlaps(self) -> None:
+        """The plan is safe: no two simultaneously-live planned tensors share a byte."""
+        allocations: dict[int, schema.Allocation] = {}
+        state: list[int] = []
+        for i, v in enumerate(self.m.values):
+            if isinstance(v, schema.Tensor) and isinstance(v.storage, schema.Allocation):
+                allocations[i] = v.storage
+                if v.initial is not None:
+                    state.append(i)
+        if not allocations:
+            return
+        spans = planning.lifetimes(self.m.values, self.m.instructions, self.m.outputs, state)
+        end = len(self.m.instructions)
+        plan = planning.MemoryPlan(
+            arenas=self.m.plan.arenas,
+            allocations=allocations,
+            lower_bound=self.m.plan.lower_bound,
+            alignment=self.m.plan.alignment,
+            lifetimes={i: spans.get(i, planning.Lifetime(end, end)) for i in allocations},
+        )
+        try:
+            planning.verify_plan(plan)
+        except planning.PlanError as e:
+            raise _fail(str(e), f"{self.f}.plan") from None
+
+    def check(self) -> None:
+        self.plan()
+        self.values()
+        self.signature()
+        if len(self.m.debug) > 0 or self.m.instructions:
+            for pc, ins in enumerate(self.m.instructions):
+                self.instruction(pc, ins)
+        self.overlaps()
+
+
+def validate_method(
+    program: schema.Program, index: int, limits: LoadLimits = DEFAULT_LIMITS
+) -> None:
+    method = program.methods[index]
+    _MethodChecker(program, method, f"methods[{index}]", limits).check()
+
+
+def validate_program(program: schema.Program, limits: LoadLimits = DEFAULT_LIMITS) -> None:
+    """Raise :class:`ProgramLoadError` at the first inconsistency of ``program``."""
+    if program.version != schema.FORMAT_VERSION:
+        raise _fail(f"format version {program.version!r} is not {schema.FORMAT_VERSION} "
+                    "(this reader's version)", "version")
+    names: set[str] = set()
+    for i, m in enumerate(program.methods):
+        if not m.name or m.name in names:
+            raise _fail(f"method name {m.name!r} is empty or repeated", f"methods[{i}].name")
+        names.add(m.name)
+    for i, d in enumerate(program.delegates):
+        if not d.backend_id:
+            raise _fail("empty backend id", f"delegates[{i}].backend_id")
+    for i in range(len(program.methods)):
+        validate_method(program, i, limits)
+
+
+def check_names(names: Sequence[str], field: str) -> None:
+    for k, n in enumerate(names):
+        if not isinstance(n, str):
+            raise _fail(f"name {n!r} is not a string", f"{field}[{k}]")

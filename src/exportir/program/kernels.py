@@ -113,15 +113,23 @@ def _signature(args: list[Any]) -> tuple[tuple[str, str], ...]:
     return tuple((a.name, str(a.type)) for a in args)
 
 
+# tensor options a factory's out variant leaves out (the out tensor carries them)
+_TENSOR_OPTIONS = frozenset({"dtype", "layout", "device", "pin_memory"})
+
+
 def _match_out(functional: torch._ops.OpOverload, packet: Any) -> KernelChoice | None:
     fs = functional._schema
-    want = _signature(list(fs.arguments))
     found: list[tuple[int, str, torch._ops.OpOverload, tuple[str, ...]]] = []
     for name in packet.overloads():
         candidate = getattr(packet, name)
         args = list(candidate._schema.arguments)
         outs = tuple(a.name for a in args if a.is_out)
-        if not outs or _signature([a for a in args if not a.is_out]) != want:
+        have = [a for a in args if not a.is_out]
+        names = {a.name for a in have}
+        want = _signature(
+            [a for a in fs.arguments if a.name in names or a.name not in _TENSOR_OPTIONS]
+        )
+        if not outs or _signature(have) != want:
             continue
         list_return = len(fs.returns) == 1 and fs.returns[0].type.kind() == "ListType"
         if not list_return and len(outs) != len(fs.returns):

@@ -40,6 +40,7 @@ class LoadLimits:
     max_tensor_bytes: int = 1 << 36
     max_arena_bytes: int = 1 << 36
     max_rank: int = 64
+    max_structure_bytes: int = 1 << 28
 
 
 DEFAULT_LIMITS = LoadLimits()

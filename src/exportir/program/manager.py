@@ -1,0 +1,248 @@
+"""``to_edge`` and ``EdgeProgramManager``: the Edge dialect stage of the pipeline (seed 001).
+
+``to_edge`` takes one ``ExportedProgram`` (the method ``"forward"``) or a dict of them and,
+for each method:
+
+1. decomposes to the core ATen op set (``run_decompositions``; ``preserve_ops`` stay whole),
+2. removes unused assertion ops,
+3. turns view ops into their ``*_copy`` ops,
+4. lifts Python scalars in ``Tensor`` argument positions to constant tensors,
+5. replaces ATen ops with edge ops,
+
+then builds the edge ``ExportedProgram`` whose construction runs the Edge verifier.
+``EdgeProgramManager`` mirrors ExecuTorch's: ``exported_program(name)``, ``methods``,
+``transform(passes)`` (re-verifies), ``to_backend(partitioner)``, ``to_program(config)``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from exportir.dialects.edge.config import CONFIG_META_KEY, EdgeCompileConfig
+from exportir.dialects.edge.verifier import EdgeVerifier
+from exportir.export.exported_program import ExportedProgram, default_decompositions
+from exportir.export.signature import ExportGraphSignature
+from exportir.passes.scalar_to_tensor import scalar_to_tensor
+from exportir.passes.to_edge import OpReplacePass, RemoveGraphAssertsPass
+from exportir.passes.view_copy import ReplaceViewOpsWithViewCopyPass
+
+__all__ = ["EdgeCompileConfig", "EdgeProgramManager", "ProgramManager", "to_edge"]
+
+_DEFAULT_METHOD = "forward"
+Pass = Callable[..., Any]
+
+
+def _as_methods(programs: ExportedProgram | Mapping[str, ExportedProgram]) -> dict[str, ExportedProgram]:
+    if isinstance(programs, ExportedProgram):
+        return {_DEFAULT_METHOD: programs}
+    if isinstance(programs, Mapping) and programs:
+        bad = {k: type(v).__name__ for k, v in programs.items() if not isinstance(v, ExportedProgram)}
+        if not bad and all(isinstance(k, str) for k in programs):
+            return dict(programs)
+        raise TypeError(
+            f"to_edge takes an ExportedProgram or a dict of method name -> ExportedProgram; "
+            f"got non-programs {bad}"
+        )
+    raise TypeError(
+        "to_edge takes an ExportedProgram (from exportir.export) or a non-empty dict of method "
+        f"name -> ExportedProgram; got {type(programs).__name__}"
+    )
+
+
+def _decomposition_table(config: EdgeCompileConfig) -> dict[Any, Callable[..., Any]]:
+    table = default_decompositions()
+    for op in config.preserve_ops:
+        table.pop(op, None)
+    return table
+
+
+def _build_edge_program(
+    ep: ExportedProgram, gm: Any, signature: ExportGraphSignature, constants: dict[str, Any],
+    config: EdgeCompileConfig,
+) -> ExportedProgram:
+    gm.meta[CONFIG_META_KEY] = config
+    return ExportedProgram(
+        root=gm,
+        graph=gm.graph,
+        graph_signature=signature,
+        state_dict=ep.state_dict,
+        range_constraints=copy.deepcopy(ep.range_constraints),
+        module_call_graph=copy.deepcopy(ep.module_call_graph),
+        example_inputs=ep.example_inputs,
+        constants=constants,
+        verifiers=[EdgeVerifier],
+    )
+
+
+def lower_to_edge(ep: ExportedProgram, config: EdgeCompileConfig) -> ExportedProgram:
+    """One method's ATen program -> its verified Edge program (steps 1-5 of ``to_edge``)."""
+    aten_ep = ep.run_decompositions(_decomposition_table(config))
+    gm = aten_ep.graph_module
+    for gm_pass in (RemoveGraphAssertsPass(), ReplaceViewOpsWithViewCopyPass()):
+        gm_pass(gm)
+    lifted = scalar_to_tensor(gm.graph, aten_ep.graph_signature, dict(aten_ep.constants))
+    OpReplacePass()(gm)
+    gm.recompile()
+    signature = ExportGraphSignature(lifted.input_specs, list(aten_ep.graph_signature.output_specs))
+    return _build_edge_program(aten_ep, gm, signature, lifted.constants, config)
+
+
+def to_edge(
+    programs: ExportedProgram | Mapping[str, ExportedProgram],
+    constant_methods: Mapping[str, Any] | None = None,
+    compile_config: EdgeCompileConfig | None = None,
+) -> EdgeProgramManager:
+    """Lower exported programs to the Edge dialect; see the module docstring.
+
+    ``programs``: one ``ExportedProgram`` (method ``"forward"``) or ``{name: program}``.
+    ``constant_methods``: methods returning constants (name -> value), carried to the program.
+    Raises ``SpecViolationError`` naming the node, op, dtype, source line and the way out
+    when a method is not valid Edge IR.
+    """
+    config = compile_config or EdgeCompileConfig()
+    methods = _as_methods(programs)
+    edge = {name: lower_to_edge(ep, config) for name, ep in methods.items()}
+    return EdgeProgramManager(edge, constant_methods, config)
+
+
+def _apply_passes(ep: ExportedProgram, passes: Sequence[Pass]) -> ExportedProgram:
+    """Run ``passes`` on one method: GraphModule passes (-> PassResult / None) or
+    ExportedProgram -> ExportedProgram callables."""
+    for p in passes:
+        if _takes_program(p):
+            ep = p(ep)
+            continue
+        config = ep.graph_module.meta.get(CONFIG_META_KEY)
+        ep = ep._transform_do_not_use(p)
+        if config is not None:
+            ep.graph_module.meta.setdefault(CONFIG_META_KEY, config)
+    return ep
+
+
+def _takes_program(p: Pass) -> bool:
+    return bool(getattr(p, "takes_exported_program", False))
+
+
+class EdgeProgramManager:
+    """One or more methods in the Edge dialect; verified when built."""
+
+    def __init__(
+        self,
+        edge_programs: ExportedProgram | Mapping[str, ExportedProgram],
+        constant_methods: Mapping[str, Any] | None = None,
+        compile_config: EdgeCompileConfig | None = None,
+    ) -> None:
+        self.compile_config = compile_config or EdgeCompileConfig()
+        self._edge_programs: dict[str, ExportedProgram] = _as_methods(edge_programs)
+        self._config_methods: dict[str, Any] = dict(constant_methods or {})
+        clash = set(self._edge_programs) & set(self._config_methods)
+        if clash:
+            raise ValueError(
+                f"constant methods {sorted(clash)} have the same names as program methods; "
+                "rename one of them"
+            )
+        for ep in self._edge_programs.values():
+            ep.graph_module.meta.setdefault(CONFIG_META_KEY, self.compile_config)
+            EdgeVerifier().check(ep)
+
+    @property
+    def methods(self) -> set[str]:
+        """Names of the methods (not constant methods)."""
+        return set(self._edge_programs)
+
+    @property
+    def config_methods(self) -> set[str]:
+        return set(self._config_methods)
+
+    @property
+    def constant_methods(self) -> dict[str, Any]:
+        return dict(self._config_methods)
+
+    def exported_program(self, method_name: str = _DEFAULT_METHOD) -> ExportedProgram:
+        """The edge ``ExportedProgram`` of ``method_name``."""
+        if method_name not in self._edge_programs:
+            raise KeyError(
+                f"no method {method_name!r} in this EdgeProgramManager; methods: "
+                f"{sorted(self._edge_programs)}"
+            )
+        return self._edge_programs[method_name]
+
+    def transform(
+        self,
+        passes: Sequence[Pass] | Mapping[str, Sequence[Pass]],
+        compile_config: EdgeCompileConfig | None = None,
+    ) -> EdgeProgramManager:
+        """A new manager with ``passes`` run on every method (or per method when a dict),
+        in order; the result is verified again. GraphModule passes return a ``PassResult``
+        (or None after editing in place)."""
+        new: dict[str, ExportedProgram] = {}
+        for name, ep in self._edge_programs.items():
+            method_passes = passes.get(name, ()) if isinstance(passes, Mapping) else passes
+            new[name] = _apply_passes(ep, method_passes) if method_passes else ep
+        return EdgeProgramManager(new, self._config_methods, compile_config or self.compile_config)
+
+    def to_backend(self, partitioner: Any) -> EdgeProgramManager:
+        """Delegate what ``partitioner`` claims to backends (one partitioner for every method,
+        or a dict method name -> partitioner)."""
+        try:
+            from exportir.passes.to_backend import to_backend
+        except ImportError as e:
+            raise NotImplementedError(
+                "to_backend needs exportir.passes.to_backend.to_backend(program, partitioner) "
+                f"from the Backend dialect, which is not available yet ({e})"
+            ) from e
+        new: dict[str, ExportedProgram] = {}
+        for name, ep in self._edge_programs.items():
+            part = partitioner.get(name) if isinstance(partitioner, Mapping) else partitioner
+            new[name] = to_backend(ep, part) if part is not None else ep
+        return EdgeProgramManager(new, self._config_methods, self.compile_config)
+
+    def to_program(self, config: Any = None) -> ProgramManager:
+        """Emit every method into one program (out variants, memory plan, kernel check)."""
+        try:
+            from exportir.program.emit import emit_program
+        except ImportError as e:
+            raise NotImplementedError(
+                "to_program needs exportir.program.emit.emit_program(methods, config), which "
+                f"is not available yet ({e})"
+            ) from e
+        program = emit_program(self._edge_programs, config, constant_methods=self._config_methods)
+        return ProgramManager(program, dict(self._edge_programs))
+
+    def __repr__(self) -> str:
+        return f"EdgeProgramManager(methods={sorted(self.methods)})"
+
+
+class ProgramManager:
+    """An emitted program: ``program`` (the schema object), ``buffer`` (file bytes),
+    ``save(path)`` / ``write_to_file(f)``, and the edge programs it came from."""
+
+    def __init__(self, program: Any, edge_programs: dict[str, ExportedProgram]) -> None:
+        self.program = program
+        self._edge_programs = edge_programs
+        self._buffer: bytes | None = None
+
+    @property
+    def methods(self) -> set[str]:
+        return set(self._edge_programs)
+
+    def exported_program(self, method_name: str = _DEFAULT_METHOD) -> ExportedProgram:
+        return self._edge_programs[method_name]
+
+    @property
+    def buffer(self) -> bytes:
+        if self._buffer is None:
+            from exportir.program.serialize import serialize_program
+
+            self._buffer = serialize_program(self.program)
+        return self._buffer
+
+    def write_to_file(self, f: Any) -> None:
+        f.write(self.buffer)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        with open(path, "wb") as f:
+            self.write_to_file(f)

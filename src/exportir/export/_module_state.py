@@ -27,6 +27,7 @@ class _Saved:
     parameters: dict[str, Any]
     buffers: dict[str, Any]
     tensor_attrs: dict[str, torch.Tensor]
+    attrs: dict[str, Any]  # every plain attribute (static ones may change; they are restored)
 
 
 def _prefix(fqn: str, name: str) -> str:
@@ -44,7 +45,14 @@ class ModuleState:
 
     def __init__(self, root: torch.nn.Module) -> None:
         self._saved = [
-            _Saved(fqn, mod, dict(mod._parameters), dict(mod._buffers), _tensor_attrs(mod))
+            _Saved(
+                fqn,
+                mod,
+                dict(mod._parameters),
+                dict(mod._buffers),
+                _tensor_attrs(mod),
+                dict(vars(mod)),
+            )
             for fqn, mod in root.named_modules()
         ]
 
@@ -58,10 +66,9 @@ class ModuleState:
             mod._parameters.update(saved.parameters)
             mod._buffers.clear()
             mod._buffers.update(saved.buffers)
-            for name in list(_tensor_attrs(mod)):
-                if name not in saved.tensor_attrs:
-                    delattr(mod, name)
-            mod.__dict__.update(saved.tensor_attrs)
+            for name in [k for k in vars(mod) if k not in saved.attrs]:
+                del mod.__dict__[name]
+            mod.__dict__.update(saved.attrs)
 
     def reassigned_buffers(self) -> dict[str, torch.Tensor]:
         """Buffers forward assigned a new tensor to (``self.buf = ...``), by FQN; raises on

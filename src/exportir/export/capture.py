@@ -83,7 +83,8 @@ class Recorder:
     def add_state(self, kind: str, fqn: str, real: torch.Tensor, persistent: bool | None) -> None:
         _check_initialized(kind, fqn, real)
         fake = fake_like(real)
-        self.converter.register(real, fake)
+        if self.converter.lookup(real) is None:  # tied state: ops use the first name
+            self.converter.register(real, fake)
         prefix = {"parameter": "p_", "buffer": "b_"}[kind]
         self.add_input(prefix + _sanitize(fqn), fake, Lifted(kind, fqn, persistent, real))
 
@@ -353,11 +354,12 @@ def flatten_with_names(bound: dict[str, Any]) -> list[tuple[str, Any]]:
 
 
 def _key_text(key: Any) -> str:
-    if isinstance(key, pytree.MappingKey):
-        return "".join(c if c.isalnum() else "_" for c in str(key.key))
-    if isinstance(key, pytree.SequenceKey):
+    """Duck-typed: keys may come from exportir.pytree or from torch's registry."""
+    if hasattr(key, "idx"):
         return str(key.idx)
-    if isinstance(key, pytree.GetAttrKey):
+    if hasattr(key, "key"):
+        return "".join(c if c.isalnum() else "_" for c in str(key.key))
+    if hasattr(key, "name"):
         return key.name
     return str(key)
 
@@ -408,14 +410,14 @@ def capture(mod: torch.nn.Module, args: tuple, kwargs: dict) -> CaptureResult:
 
 
 def _lift_module_state(rec: Recorder, mod: torch.nn.Module) -> None:
-    for fqn, p in mod.named_parameters():
+    for fqn, p in mod.named_parameters(remove_duplicate=False):
         rec.add_state("parameter", fqn, p, None)
     non_persistent = {
         _join(prefix, name)
         for prefix, m in mod.named_modules()
         for name in m._non_persistent_buffers_set
     }
-    for fqn, b in mod.named_buffers():
+    for fqn, b in mod.named_buffers(remove_duplicate=False):
         rec.add_state("buffer", fqn, b, fqn not in non_persistent)
     state_ids = {id(t) for t in (*mod.parameters(), *mod.buffers())}
     for prefix, m in mod.named_modules():

@@ -688,6 +688,39 @@ class NestedSubmodules(nn.Module):
         return x
 
 
+class SliceKVCache(nn.Module):
+    """A cache buffer written by slice assignment at a static position (burned in)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(1, 6, 4))
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x, start):
+        t = x.shape[1]
+        self.cache[:, start : start + t] = self.proj(x)
+        return self.cache.softmax(dim=-1).sum(dim=1)
+
+
+class AliasingOutputs(nn.Module):
+    """Outputs that are inputs, views of inputs, a buffer, or the same tensor twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.arange(6.0).reshape(2, 3))
+
+    def forward(self, x, y):
+        z = x * 2
+        return x, y.view(3, 2), z, z, self.table, self.table.t()
+
+
+class MixedDtypes(nn.Module):
+    def forward(self, x, n):
+        h = x.to(torch.bfloat16) * 3
+        idx = n.to(torch.int32) % 3
+        return h.float().sum(dim=-1), idx.to(torch.float16) / 2, (x.double() ** 2).mean()
+
+
 # --------------------------------------------------------------------------------------------
 # The table.
 
@@ -776,6 +809,9 @@ ENTRIES: list[Entry] = [
     _entry("no_grad_and_dtype", lambda: (_eval(NoGradAndDtype()), (_r(3, 4) * 4,), {})),
     _entry("elementwise_zoo", lambda: (_eval(ElementwiseZoo()), (_r(3, 4), _r(3, 4)), {})),
     _entry("nested_submodules", lambda: (_eval(NestedSubmodules()), (_r(2, 4),), {})),
+    _entry("slice_kv_cache", lambda: (_eval(SliceKVCache()), (_r(1, 2, 4), 3), {}), "mutation", "static"),
+    _entry("aliasing_outputs", lambda: (_eval(AliasingOutputs()), (_r(2, 3), _r(2, 3)), {})),
+    _entry("mixed_dtypes", lambda: (_eval(MixedDtypes()), (_r(3, 4), torch.randint(0, 10, (5,))), {})),
 ]
 
 # Non-core ATen ops that torch 2.13's own ``run_decompositions()`` keeps (no decomposition in
@@ -790,6 +826,7 @@ TORCH_KEEPS_NONCORE: dict[str, frozenset[str]] = {
     # Tensor.to(dtype) leaves torch's dtype assertion op in the graph.
     "int_and_bool_ops": frozenset({"aten._assert_tensor_metadata.default"}),
     "no_grad_and_dtype": frozenset({"aten._assert_tensor_metadata.default"}),
+    "mixed_dtypes": frozenset({"aten._assert_tensor_metadata.default"}),
 }
 
 BY_NAME: dict[str, Entry] = {e.name: e for e in ENTRIES}

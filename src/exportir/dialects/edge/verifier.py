@@ -13,7 +13,8 @@ node), every graph, nested ones included, must satisfy, in this order per node:
 2. **no scalar operands** -- no Python number where the op's schema expects a ``Tensor``.
 3. **dtype constraints** -- the dtypes of an edge op's tensor arguments and results are a
    combination ``edge.yaml`` allows.
-4. **no scalar inputs/outputs** -- graph inputs the graph uses, and graph outputs, are tensors.
+4. **no scalar inputs/outputs** -- graph inputs the graph uses, and graph outputs computed by
+   nodes, are tensors (literal constants burned in at export may be returned).
 
 The config travels in ``graph_module.meta["edge_compile_config"]``; with
 ``_check_ir_validity=False`` only the Export IR checks run. Every error names the node, the
@@ -76,11 +77,12 @@ def user_source_line(node: Node) -> str:
     return f"{filename}:{line}" + (f" `{code.strip()}`" if code else "")
 
 
-def _fail(node: Node, what: str, way_out: str) -> None:
+def _fail(node: Node, what: str, way_out: str, source: Node | None = None) -> None:
     target = node.target
     op = target.__name__ if isinstance(target, EdgeOpOverload) else str(target)
+    where = user_source_line(source or node)
     message = (
-        f"Edge dialect violation at node {node.name} (op {op}), from {user_source_line(node)}:\n"
+        f"Edge dialect violation at node {node.name} (op {op}), from {where}:\n"
         f"  {what}\n  Way out: {way_out}"
     )
     raise NodeSpecViolationError(message, node, node.graph)
@@ -239,19 +241,23 @@ def _check_graph_inputs(gm: GraphModule) -> None:
 
 
 def _check_graph_outputs(gm: GraphModule) -> None:
+    # Literal constants returned by the program (burned in at export) are values, not
+    # computed scalars; a node producing a non-tensor value may not be an output.
     output = gm.graph.output_node()
     values = output.args[0] if output.args else ()
     for value in values if isinstance(values, (list, tuple)) else (values,):
-        val = value.meta.get("val") if isinstance(value, Node) else value
-        if value is None or isinstance(val, torch.Tensor):
+        if not isinstance(value, Node):
             continue
-        name = value.name if isinstance(value, Node) else repr(value)
+        val = value.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            continue
         _fail(
             output,
-            f"graph output {name} is the scalar {val!r} ({type(val).__name__}); Edge graph "
-            "outputs are tensors.",
-            "return a tensor from the model (e.g. torch.tensor(n) or keep the value as a "
-            "0-dim tensor instead of calling .item() / reading a size).",
+            f"graph output {value.name} is the scalar {val!r} ({type(val).__name__}); Edge "
+            "graph outputs are tensors.",
+            "return a tensor from the model (keep the value a 0-dim tensor instead of "
+            "calling .item() or returning a size).",
+            source=value,
         )
 
 

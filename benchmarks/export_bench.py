@@ -35,9 +35,9 @@ for _path in (_ROOT / "src", _ROOT / "tests", Path(__file__).resolve().parent):
     if _path.is_dir() and str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-import torch  # noqa: E402
-from _timing import CLOCKS, Measurement, Workload, WrongResult, compare  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+from _timing import CLOCKS, Measurement, Workload, WrongResult, compare
+from torch import nn
 
 OURS, THEIRS = "exportir", "torch"
 ROWS = ("export", "decompose", "total")
@@ -142,6 +142,19 @@ class MLPStack(nn.Module):
         return self.layers(x)
 
 
+def _scaling_maker(row: str, export: Callable, module: nn.Module, x: torch.Tensor, check) -> Callable[[], Workload]:
+    def make() -> Workload:
+        if row == "export":
+            return Workload(run=lambda _: _quiet(export, module, (x,), {}), check=check)
+        return Workload(
+            run=lambda ep: _quiet(ep.run_decompositions),
+            setup=lambda: _quiet(export, module, (x,), {}),
+            check=check,
+        )
+
+    return make
+
+
 def run_scaling(args) -> dict[int, dict[str, dict[str, Measurement]]]:
     exporters = _exporters()
     if args.skip_torch_scaling:
@@ -165,16 +178,7 @@ def run_scaling(args) -> dict[int, dict[str, dict[str, Measurement]]]:
             for side, export in exporters.items():
                 if side == THEIRS and torch_gave_up:
                     continue
-                if row == "export":
-                    makers[side] = lambda export=export: Workload(
-                        run=lambda _: _quiet(export, module, (x,), {}), check=check
-                    )
-                else:
-                    makers[side] = lambda export=export: Workload(
-                        run=lambda ep: _quiet(ep.run_decompositions),
-                        setup=lambda export=export: _quiet(export, module, (x,), {}),
-                        check=check,
-                    )
+                makers[side] = _scaling_maker(row, export, module, x, check)
             results[layers][row] = compare(
                 makers, rounds=args.scaling_rounds, budget=args.budget, timeout=args.scaling_timeout, clock=clock
             )
@@ -293,8 +297,8 @@ def summarize(corpus, scaling) -> list[tuple[str, str]]:
         # Fixed costs make small stacks dearer per layer; only growth per layer is superlinear.
         growth = per_layer[-1][1] / per_layer[0][1]
         verdicts.append((
-            f"exportir {row} per-layer time largest/smallest {growth:.2f} <= {TARGET_LINEARITY} "
-            f"({per_layer[0][0]}..{per_layer[-1][0]} layers)",
+            (f"exportir {row} per-layer time largest/smallest {growth:.2f} <= {TARGET_LINEARITY} "
+            f"({per_layer[0][0]}..{per_layer[-1][0]} layers)"),
             verdict(growth <= TARGET_LINEARITY),
         ))
     return verdicts

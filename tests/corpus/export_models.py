@@ -24,6 +24,7 @@ incomplete. Registration with ``exportir.register_dataclass`` happens lazily (se
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import namedtuple
 from collections.abc import Callable
@@ -146,7 +147,7 @@ class MLP(nn.Module):
     def __init__(self, sizes=(8, 16, 4), act=nn.ReLU):
         super().__init__()
         layers: list[nn.Module] = []
-        for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+        for i, (a, b) in enumerate(itertools.pairwise(sizes)):
             layers.append(nn.Linear(a, b))
             if i < len(sizes) - 2:
                 layers.append(act())

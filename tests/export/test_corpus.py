@@ -180,7 +180,7 @@ def test_decomposed_is_core_and_matches(name: str) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_reexport_of_module_is_same_program(name: str) -> None:
     """Whole-suite variant: export ``ep.module()`` again; same ops, signature, numerics."""
-    module, args, kwargs, ep = _export(em.BY_NAME[name])
+    _module, args, kwargs, ep = _export(em.BY_NAME[name])
     eager = h.deepcopy_module(em.build(em.BY_NAME[name])[0])
     again = h.quiet(h.ours().export, ep.module(), args, kwargs)
     assert h.op_multiset(again) == h.op_multiset(ep)
@@ -204,7 +204,7 @@ def _save_load(ep):
 @pytest.mark.parametrize("name", NAMES)
 def test_save_load_roundtrip(name: str) -> None:
     entry = em.BY_NAME[name]
-    module, args, kwargs, ep = _export(entry)
+    _module, args, kwargs, ep = _export(entry)
     eager = h.deepcopy_module(em.build(entry)[0])
     _, loaded = _save_load(ep)
     assert str(loaded.graph) == str(ep.graph)

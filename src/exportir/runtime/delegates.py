@@ -1,0 +1,73 @@
+"""The delegate registry: backend id -> backend runtime.
+
+A program's delegates carry a backend id, the bytes the backend's ``preprocess`` produced and
+the compile specs it was given. When a method is prepared, each delegate it calls is initialised
+once with ``backend.init(processed, compile_specs) -> handle``; every ``DelegateCall`` then runs
+``backend.execute(handle, inputs) -> outputs``.
+
+``DelegateRegistry`` is an explicit object handed to ``Program.load``; nothing registers itself
+at import time. :func:`default_delegate_registry` returns a fresh registry holding the builtin
+backends only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class BackendRuntime(Protocol):
+    """What the runtime needs from a backend.
+
+    ``init`` receives the processed bytes (a read-only buffer that may view the mapped program
+    file: copy what must outlive the program) and the compile specs as stored in the file, and
+    returns an opaque handle. ``execute`` receives the handle and the delegate's input values
+    (tensors and scalars in the order the delegate was lowered with) and returns its outputs as a
+    sequence of tensors in the same order. ``destroy`` (optional) releases a handle.
+    """
+
+    def init(self, processed: bytes | memoryview, compile_specs: Sequence[object]) -> object: ...
+
+    def execute(self, handle: object, inputs: Sequence[object]) -> Sequence[object]: ...
+
+
+class DelegateRegistry:
+    """Backend id -> :class:`BackendRuntime`."""
+
+    __slots__ = ("_backends",)
+
+    def __init__(self, backends: dict[str, BackendRuntime] | None = None) -> None:
+        self._backends: dict[str, BackendRuntime] = {}
+        for backend_id, backend in (backends or {}).items():
+            self.register(backend_id, backend)
+
+    def register(self, backend_id: str, backend: BackendRuntime) -> None:
+        """Add (or replace) the backend runtime for ``backend_id``."""
+        if not isinstance(backend, BackendRuntime):
+            raise TypeError(
+                f"backend {backend_id!r}: {type(backend).__name__} lacks init(processed, "
+                "compile_specs) and execute(handle, inputs)"
+            )
+        self._backends[backend_id] = backend
+
+    def get(self, backend_id: str) -> BackendRuntime | None:
+        return self._backends.get(backend_id)
+
+    def __contains__(self, backend_id: object) -> bool:
+        return backend_id in self._backends
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._backends))
+
+    def copy(self) -> DelegateRegistry:
+        return DelegateRegistry(dict(self._backends))
+
+
+def default_delegate_registry() -> DelegateRegistry:
+    """A fresh registry with the builtin backends."""
+    return DelegateRegistry(dict(_builtin_backends()))
+
+
+def _builtin_backends() -> dict[str, BackendRuntime]:
+    return {}

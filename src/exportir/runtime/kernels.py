@@ -1,0 +1,251 @@
+"""The kernel registry: operator name -> kernel.
+
+A program's ``KernelCall`` names an operator (``aten::add.out``) and passes value indices in the
+operator's schema order, out arguments included, exactly as ATen's out variants take them. The
+default kernels call ``torch.ops.<ns>.<op>.<overload>`` with ``out=`` tensors that view the
+method's planned arena, so every result lands where memory planning put it.
+
+Two calling conventions exist:
+
+* **out kernels** (the operator has arguments it writes, ``Tensor(a!)``): one value index per
+  schema argument; the kernel writes into the out arguments and its return value is dropped.
+* **value kernels** (nothing written, e.g. ``aten::sym_size.int`` or scalar arithmetic): one value
+  index per schema argument plus one trailing index, the slot that receives the returned value.
+
+``KernelRegistry`` is an explicit object; the runtime's default registry is made by
+:func:`default_kernel_registry` and resolves any operator torch knows, lazily, on first use.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from exportir.program import schema
+
+KernelFn = Callable[[Sequence[object]], object]
+Converter = Callable[[object], object]
+
+# Program files store dtypes, layouts and memory formats as Int codes, devices as String.
+_MEMORY_FORMATS = (
+    torch.contiguous_format,
+    torch.preserve_format,
+    torch.channels_last,
+    torch.channels_last_3d,
+)
+_LAYOUTS = (torch.strided, torch.sparse_coo)
+
+
+def _to_dtype(code: object) -> object:
+    if not isinstance(code, int) or isinstance(code, bool):
+        return code
+    return getattr(torch, schema.TORCH_DTYPE_NAME[schema.ScalarType(code)])
+
+
+def _to_memory_format(code: object) -> object:
+    return _MEMORY_FORMATS[code] if isinstance(code, int) and not isinstance(code, bool) else code
+
+
+def _to_layout(code: object) -> object:
+    return _LAYOUTS[code] if isinstance(code, int) and not isinstance(code, bool) else code
+
+
+def _to_device(name: object) -> object:
+    return torch.device(name) if isinstance(name, str) else name
+
+
+_CONVERTERS: tuple[tuple[str, Converter], ...] = (
+    ("ScalarType", _to_dtype),
+    ("MemoryFormat", _to_memory_format),
+    ("Layout", _to_layout),
+    ("Device", _to_device),
+)
+
+
+def _converter(arg: object) -> Converter | None:
+    real = str(getattr(arg, "real_type", getattr(arg, "type", "")))
+    for marker, fn in _CONVERTERS:
+        if marker in real:
+            return fn
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """A callable for one operator overload and how an instruction feeds it.
+
+    ``fn(args)`` receives the resolved argument values (``arity`` of them, the result slot
+    excluded). ``writes`` lists argument positions the kernel writes in place; ``result_slot``
+    says the instruction carries one extra trailing value index that receives ``fn``'s return.
+    ``converters`` turn stored argument values into what ``fn`` takes (dtype codes into
+    ``torch.dtype``, ...); the runtime applies them once to arguments that never change.
+    """
+
+    name: str
+    fn: KernelFn
+    arity: int
+    writes: tuple[int, ...] = ()
+    result_slot: bool = False
+    converters: tuple[tuple[int, Converter], ...] = ()
+
+    @property
+    def num_value_args(self) -> int:
+        """How many value indices a ``KernelCall`` to this kernel carries."""
+        return self.arity + (1 if self.result_slot else 0)
+
+
+def canonical_op_name(name: str, overload: str | None = None) -> str:
+    """``ns::op.overload`` from the spellings programs and users write.
+
+    Accepts ``aten::add.out``, ``aten.add.out``, ``aten::add`` (the ``default`` overload) and a
+    separate ``overload`` argument (``"aten::add", "out"``). An empty overload means ``default``.
+    """
+    if "::" in name:
+        ns, rest = name.split("::", 1)
+    elif "." in name:
+        ns, rest = name.split(".", 1)
+    else:
+        raise ValueError(f"operator name {name!r} has no namespace (expected e.g. 'aten::add.out')")
+    if overload is not None:
+        op = rest
+    else:
+        op, _, overload = rest.partition(".")
+    return f"{ns}::{op}.{overload or 'default'}"
+
+
+def _lookup_torch_op(name: str) -> torch._ops.OpOverload | None:
+    ns, rest = name.split("::", 1)
+    op, overload = rest.split(".", 1)
+    try:
+        packet = getattr(getattr(torch.ops, ns), op)
+        return getattr(packet, overload)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def kernel_from_op(name: str, op: torch._ops.OpOverload) -> Kernel:
+    """Wrap an ATen (or custom) ``OpOverload`` in the instruction calling convention."""
+    arguments = op._schema.arguments
+    writes = tuple(
+        i for i, a in enumerate(arguments) if a.alias_info is not None and a.alias_info.is_write
+    )
+    positional = sum(1 for a in arguments if not a.kwarg_only)
+    keywords = tuple(a.name for a in arguments[positional:])
+    call = op._op  # the C++ callable behind OpOverload.__call__, without the Python frame
+
+    if keywords:
+
+        def fn(args: Sequence[object]) -> object:
+            return call(*args[:positional], **dict(zip(keywords, args[positional:])))
+
+    else:
+
+        def fn(args: Sequence[object]) -> object:
+            return call(*args)
+
+    converters = tuple(
+        (i, fn) for i, fn in ((i, _converter(a)) for i, a in enumerate(arguments)) if fn
+    )
+    return Kernel(name, fn, len(arguments), writes, not writes, converters)
+
+
+def _value_kernel(name: str, arity: int, fn: Callable[..., object]) -> Kernel:
+    return Kernel(name, lambda args: fn(*args), arity, (), result_slot=True)
+
+
+# The runtime primitives of the format (schema.PRIM_OPERATORS): symbolic-int arithmetic a
+# program carries between tensor ops (sizes of dynamic dimensions). Python's operators give the
+# exact int semantics.
+_SCALAR_KERNELS: Mapping[str, tuple[int, Callable[..., object]]] = {
+    "aten::sym_size.int": (2, lambda t, d: t.size(d)),
+    "aten::sym_numel.default": (1, lambda t: t.numel()),
+    "aten::sym_storage_offset.default": (1, lambda t: t.storage_offset()),
+    "exportir_prim::add.Scalar": (2, operator.add),
+    "exportir_prim::sub.Scalar": (2, operator.sub),
+    "exportir_prim::mul.Scalar": (2, operator.mul),
+    "exportir_prim::floordiv.Scalar": (2, operator.floordiv),
+    "exportir_prim::truediv.Scalar": (2, operator.truediv),
+    "exportir_prim::mod.Scalar": (2, operator.mod),
+    "exportir_prim::eq.Scalar": (2, operator.eq),
+    "exportir_prim::gt.Scalar": (2, operator.gt),
+    "exportir_prim::lt.Scalar": (2, operator.lt),
+    "exportir_prim::ge.Scalar": (2, operator.ge),
+    "exportir_prim::le.Scalar": (2, operator.le),
+    "exportir_prim::neg.Scalar": (1, operator.neg),
+    "exportir_prim::ne.Scalar": (2, operator.ne),
+}
+
+
+class KernelRegistry:
+    """Operator name -> :class:`Kernel`.
+
+    Explicitly registered kernels win. With ``resolve_torch_ops`` (the default) a name not
+    registered is looked up in ``torch.ops`` on first use and cached, so every ATen out variant
+    (and every custom op registered with ``torch.library``) is available without a table.
+    """
+
+    __slots__ = ("_kernels", "_resolve_torch_ops")
+
+    def __init__(
+        self, kernels: Iterable[Kernel] = (), *, resolve_torch_ops: bool = True
+    ) -> None:
+        self._kernels: dict[str, Kernel] = {}
+        self._resolve_torch_ops = resolve_torch_ops
+        for kernel in kernels:
+            self.register(kernel)
+
+    def register(self, kernel: Kernel) -> None:
+        """Add (or replace) the kernel for ``kernel.name``."""
+        self._kernels[canonical_op_name(kernel.name)] = kernel
+
+    def register_function(
+        self,
+        name: str,
+        fn: Callable[..., object],
+        *,
+        arity: int,
+        writes: Sequence[int] = (),
+    ) -> Kernel:
+        """Register a plain Python function ``fn(*args)`` as the kernel for ``name``.
+
+        With ``writes`` the function writes those argument positions in place (an out kernel);
+        without, its return value is stored in the instruction's trailing result slot.
+        """
+        canonical = canonical_op_name(name)
+        kernel = Kernel(canonical, lambda args: fn(*args), arity, tuple(writes), not writes)
+        self.register(kernel)
+        return kernel
+
+    def lookup(self, name: str) -> Kernel | None:
+        """The kernel for ``name``, or ``None`` when there is none."""
+        try:
+            canonical = canonical_op_name(name)
+        except ValueError:
+            return None
+        kernel = self._kernels.get(canonical)
+        if kernel is not None or not self._resolve_torch_ops:
+            return kernel
+        op = _lookup_torch_op(canonical)
+        if op is None:
+            return None
+        kernel = kernel_from_op(canonical, op)
+        self._kernels[canonical] = kernel
+        return kernel
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.lookup(name) is not None
+
+    def names(self) -> list[str]:
+        """Names registered or resolved so far (sorted)."""
+        return sorted(self._kernels)
+
+
+def default_kernel_registry() -> KernelRegistry:
+    """A fresh registry: torch's operators (resolved lazily) plus the scalar prim kernels."""
+    registry = KernelRegistry()
+    for name, (arity, fn) in _SCALAR_KERNELS.items():
+        registry.register(_value_kernel(name, arity, fn))
+    return registry

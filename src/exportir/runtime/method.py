@@ -1,0 +1,545 @@
+"""A loaded method: planned memory, bound instructions, and the executor.
+
+Preparing a :class:`Method` (once, when ``program.method(name)`` is first called):
+
+1. builds the value table: planned tensors view the method's arenas (allocated here, once),
+   constants view the program's constant segment, runtime-owned tensors start empty, scalars and
+   lists are materialised; mutable state is copied from its initial constant;
+2. compiles every instruction into a *step* — one ``match`` over the closed
+   ``schema.Instruction`` union (:meth:`Method._compile`). Kernels and delegates are looked up
+   here, so a missing kernel or backend fails at load, not halfway through a run. Argument lists
+   that do not change between runs are resolved once.
+
+Running (``method(*inputs)`` or ``method.execute(inputs)``) checks and binds the inputs, runs
+the steps from instruction 0 (a step returns the next instruction index), and returns the
+outputs. **Outputs are copies**: tensors are cloned out of the arena (and out of the constant
+segment and the caller's inputs), so a later call, which reuses the same arena, never changes a
+result already returned.
+
+Any exception inside a step becomes a :class:`RuntimeFailure` naming the instruction index, the
+op, the graph node and the user's source line (from the method's debug table).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from exportir.program import schema
+from exportir.runtime import memory, treespec
+from exportir.runtime.errors import (
+    FailureSite,
+    MethodInputError,
+    MissingKernelError,
+    RuntimeFailure,
+)
+from exportir.runtime.kernels import Kernel, canonical_op_name
+
+if TYPE_CHECKING:
+    from exportir.runtime.program import Program
+
+Step = Callable[[list[Any]], int]
+
+_LIST_KINDS = (schema.IntList, schema.TensorList, schema.OptionalTensorList)
+_SCALAR_TYPES: dict[type, tuple[type, ...]] = {
+    schema.Int: (int,),
+    schema.Double: (float, int),
+    schema.Bool: (bool,),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Out:
+    """A tensor an instruction writes: where it lives and what shape it must end with."""
+
+    value: int
+    tensor: torch.Tensor | None  # None: a caller's input, bound per call (input mutation)
+    sizes: tuple[int, ...]
+    dynamic: bool  # sizes are an upper bound (or unbounded runtime storage)
+    capacity: int | None  # bytes available in the arena; None for runtime-owned storage
+
+
+class Method:
+    """One executable method of a loaded :class:`~exportir.runtime.program.Program`.
+
+    Not thread-safe: a method owns one set of arenas, which every call reuses.
+    """
+
+    __slots__ = (
+        "_arenas",
+        "_dynamic",
+        "_in_spec",
+        "_lists",
+        "_out_spec",
+        "_program",
+        "_steps",
+        "_template",
+        "meta",
+        "name",
+    )
+
+    def __init__(self, program: Program, meta: schema.Method) -> None:
+        self.name = meta.name
+        self.meta = meta
+        self._program = program
+        self._arenas = memory.allocate_arenas(meta.plan.arenas)
+        self._lists: dict[int, tuple[int, ...]] = {}
+        self._template = self._build_values()
+        # Values whose Python object changes from call to call: the inputs, and (added while
+        # compiling, in schedule order) scalar kernel results and scalar move targets. Tensors
+        # are written in place and keep their object.
+        self._dynamic: set[int] = set(meta.inputs)
+        self._steps: list[Step] = [
+            self._compile(pc, ins) for pc, ins in enumerate(meta.instructions)
+        ]
+        self._in_spec = treespec.parse(meta.in_spec)
+        self._out_spec = treespec.parse(meta.out_spec)
+
+    # -- public API ------------------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run with the model's own calling convention; returns outputs structured as the
+        model returned them (a flat tuple when the program has no output spec)."""
+        flat = self._flatten_inputs(args, kwargs)
+        outputs = self.execute(flat)
+        spec = self._out_spec
+        if spec is not None and spec.num_leaves == len(outputs):
+            return treespec.unflatten(spec, outputs)
+        return outputs
+
+    def execute(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
+        """Run with the flat inputs (one per ``meta.inputs``); returns the flat outputs.
+
+        Raises :class:`MethodInputError` for inputs that do not match the method and
+        :class:`RuntimeFailure` when an instruction fails. Output tensors are copies.
+        """
+        values = self._template.copy()
+        self._bind_inputs(values, inputs)
+        with torch.no_grad():
+            self._run(values)
+            return tuple(self._output(values, i) for i in self.meta.outputs)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self.meta.input_names
+
+    @property
+    def num_instructions(self) -> int:
+        return len(self.meta.instructions)
+
+    @property
+    def arena_bytes(self) -> tuple[int, ...]:
+        return tuple(self.meta.plan.arenas)
+
+    def __repr__(self) -> str:
+        return (
+            f"Method({self.name!r}, inputs={len(self.meta.inputs)}, "
+            f"outputs={len(self.meta.outputs)}, instructions={self.num_instructions}, "
+            f"arenas={list(self.meta.plan.arenas)})"
+        )
+
+    # -- values ----------------------------------------------------------------------------------
+
+    def _build_values(self) -> list[Any]:
+        values: list[Any] = []
+        for index, v in enumerate(self.meta.values):
+            match v:
+                case schema.Tensor():
+                    values.append(self._tensor(index, v))
+                case schema.Int(value=x) | schema.Double(value=x) | schema.Bool(value=x):
+                    values.append(x)
+                case schema.String(value=x):
+                    values.append(x)
+                case schema.Null():
+                    values.append(None)
+                case schema.DoubleList(values=xs) | schema.BoolList(values=xs):
+                    values.append(list(xs))
+                case schema.IntList(items=items) | schema.TensorList(items=items):
+                    self._lists[index] = items
+                    values.append(None)
+                case schema.OptionalTensorList(items=items):
+                    self._lists[index] = items
+                    values.append(None)
+                case _:
+                    raise self._failure(None, f"value {index} has unknown kind {v!r}")
+        return values
+
+    def _changing(self, index: int) -> bool:
+        """Whether value ``index`` (or an item of the list it is) is rebound while running."""
+        items = self._lists.get(index)
+        if items is None:
+            return index in self._dynamic
+        return any(i in self._dynamic for i in items)
+
+    def _fixed(self, index: int) -> Any:
+        """The value ``index`` as it is on every call (lists built from their items)."""
+        items = self._lists.get(index)
+        if items is None:
+            return self._template[index]
+        return [self._template[i] for i in items]
+
+    def _tensor(self, index: int, t: schema.Tensor) -> torch.Tensor | None:
+        match t.storage:
+            case schema.ConstantData(buffer=b):
+                return self._program._constant(b, t)
+            case schema.Allocation():
+                view = memory.arena_view(self._arenas, t)
+                if t.initial is not None:  # mutable state starts from its constant
+                    view.copy_(self._program._constant(t.initial, t))
+                return view
+            case schema.InputStorage():
+                return None  # bound per call
+            case schema.DynamicStorage():
+                return memory.runtime_tensor(t)
+        raise self._failure(None, f"value {index} has unknown storage {t.storage!r}")
+
+    def _resolve(self, values: list[Any], index: int) -> Any:
+        items = self._lists.get(index)
+        if items is None:
+            return values[index]
+        return [values[i] for i in items]
+
+    def _tensor_meta(self, index: int) -> schema.Tensor | None:
+        v = self.meta.values[index]
+        return v if isinstance(v, schema.Tensor) else None
+
+    # -- compilation: the one match over the instruction union ------------------------------------
+
+    def _compile(self, pc: int, ins: schema.Instruction) -> Step:
+        nxt = pc + 1
+        match ins:
+            case schema.KernelCall(op_index=op_index, args=args):
+                return self._compile_kernel(pc, self.meta.operators[op_index], args)
+            case schema.DelegateCall(delegate_index=d, args=args, outputs=outputs):
+                return self._compile_delegate(pc, d, args, outputs)
+            case schema.MoveCall(src=src, dst=dst):
+                return self._compile_move(pc, src, dst)
+            case schema.JumpFalseCall(cond_value=cond, dest=dest):
+                return lambda values: nxt if _truth(values[cond]) else dest
+            case schema.FreeCall(value=v):
+
+                def free(values: list[Any]) -> int:
+                    values[v].set_()  # drop the runtime-owned storage, keep the tensor object
+                    return nxt
+
+                return free
+        raise self._failure(pc, f"unknown instruction {type(ins).__name__}")
+
+    def _compile_kernel(self, pc: int, op: schema.Operator, args: tuple[int, ...]) -> Step:
+        name = canonical_op_name(op.name, op.overload)
+        kernel = self._program.kernels.lookup(name)
+        if kernel is None:
+            raise MissingKernelError(
+                self._site(pc),
+                f"no kernel is registered for {name}",
+                "register one (KernelRegistry.register / register_function) and pass the "
+                "registry to Program.load(..., kernels=...), or decompose the op before "
+                "to_program()",
+            )
+        if len(args) != kernel.num_value_args:
+            result = " and a result slot" if kernel.result_slot else ""
+            raise self._failure(
+                pc,
+                f"{name} takes {kernel.arity} arguments{result}; the instruction passes "
+                f"{len(args)} values",
+            )
+        operands = args[: kernel.arity]
+        written = tuple(
+            i for pos in kernel.writes for i in self._list_items_or_self(operands[pos])
+        )
+        outs = self._writes(pc, written)
+        result = args[-1] if kernel.result_slot else None
+        result_out = self._writes(pc, (result,)) if result is not None else ()
+        step = _kernel_step(self, pc, kernel, operands, outs, result, result_out)
+        if result is not None and not result_out:
+            self._dynamic.add(result)  # after binding the step: it reads its own args first
+        return step
+
+    def _compile_move(self, pc: int, src: int, dst: int) -> Step:
+        nxt = pc + 1
+        outs = self._writes(pc, (dst,))
+        if outs:  # tensors: copy the contents (dst keeps its own memory)
+            target = outs[0]
+
+            def move_tensor(values: list[Any]) -> int:
+                _store(target, values[src], values)
+                return nxt
+
+            return move_tensor
+        self._dynamic.add(dst)
+
+        def move(values: list[Any]) -> int:
+            values[dst] = values[src]
+            return nxt
+
+        return move
+
+    def _compile_delegate(
+        self, pc: int, index: int, args: tuple[int, ...], outputs: tuple[int, ...]
+    ) -> Step:
+        backend, handle = self._program._delegate(index, self._site(pc))
+        outs = self._writes(pc, outputs)
+        nxt = pc + 1
+        resolve = self._resolve
+
+        def step(values: list[Any]) -> int:
+            results = backend.execute(handle, [resolve(values, i) for i in args])
+            if len(results) != len(outs):
+                raise ValueError(
+                    f"delegate returned {len(results)} outputs; the program expects {len(outs)}"
+                )
+            for out, got in zip(outs, results):
+                _store(out, got, values)
+            return nxt
+
+        return step
+
+    def _list_items_or_self(self, index: int) -> tuple[int, ...]:
+        v = self.meta.values[index]
+        if isinstance(v, _LIST_KINDS):
+            return v.items
+        return (index,)
+
+    def _writes(self, pc: int, indices: Sequence[int]) -> tuple[_Out, ...]:
+        """The tensors an instruction writes, checked writable (never a constant)."""
+        outs = []
+        for i in indices:
+            t = self._tensor_meta(i)
+            if t is None:
+                continue
+            if isinstance(t.storage, schema.ConstantData):
+                raise self._failure(
+                    pc, f"writes value {i}, a read-only constant (the program is malformed)"
+                )
+            if isinstance(t.storage, schema.InputStorage):  # input mutation: the caller's tensor
+                outs.append(_Out(i, None, t.sizes, t.dynamic, None))
+                continue
+            capacity = t.storage.nbytes if isinstance(t.storage, schema.Allocation) else None
+            dynamic = t.dynamic or isinstance(t.storage, schema.DynamicStorage)
+            outs.append(_Out(i, self._template[i], t.sizes, dynamic, capacity))
+        return tuple(outs)
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def _run(self, values: list[Any]) -> None:
+        steps = self._steps
+        pc, end = 0, len(steps)
+        while pc < end:
+            try:
+                pc = steps[pc](values)
+            except RuntimeFailure:
+                raise
+            except Exception as exc:
+                raise self._failure(pc, f"{type(exc).__name__}: {exc}") from exc
+
+    def _output(self, values: list[Any], index: int) -> Any:
+        value = self._resolve(values, index)
+        if isinstance(value, torch.Tensor):
+            return value.clone()
+        if isinstance(value, list):
+            return [v.clone() if isinstance(v, torch.Tensor) else v for v in value]
+        return value
+
+    # -- inputs ----------------------------------------------------------------------------------
+
+    def _flatten_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Sequence[Any]:
+        n = len(self.meta.inputs)
+        if not kwargs and len(args) == n:
+            return args
+        if self._in_spec is not None:
+            flat = treespec.flatten(self._in_spec, (args, kwargs))
+            if flat is not None:
+                return flat
+        if kwargs:
+            raise MethodInputError(
+                f"method {self.name!r}: cannot match keyword arguments {sorted(kwargs)} to its "
+                f"inputs ({', '.join(self._input_label(k) for k in range(n))}); pass them "
+                "positionally or use method.execute(flat_inputs)"
+            )
+        return args  # execute() reports the count mismatch
+
+    def _input_label(self, k: int) -> str:
+        names = self.meta.input_names
+        return names[k] if k < len(names) and names[k] else f"input {k}"
+
+    def _bind_inputs(self, values: list[Any], inputs: Sequence[Any]) -> None:
+        expected = self.meta.inputs
+        if len(inputs) != len(expected):
+            labels = ", ".join(self._input_label(k) for k in range(len(expected)))
+            raise MethodInputError(
+                f"method {self.name!r} takes {len(expected)} input(s) ({labels}); "
+                f"got {len(inputs)}"
+            )
+        for k, (index, given) in enumerate(zip(expected, inputs)):
+            values[index] = self._check_input(k, self.meta.values[index], given)
+
+    def _check_input(self, k: int, v: schema.EValue, given: Any) -> Any:
+        label = f"method {self.name!r}: input {k} ({self._input_label(k)})"
+        if isinstance(v, schema.Tensor):
+            return _check_tensor_input(label, v, given)
+        if isinstance(v, schema.Null):
+            if given is not None:
+                raise MethodInputError(f"{label} must be None; got {type(given).__name__}")
+            return None
+        allowed = _SCALAR_TYPES.get(type(v), ())
+        if isinstance(given, torch.Tensor) and given.numel() == 1 and given.dim() == 0:
+            given = given.item()
+        if not isinstance(given, allowed) or (isinstance(given, bool) and bool not in allowed):
+            want = type(v).__name__.lower()
+            raise MethodInputError(f"{label} must be a {want}; got {given!r}")
+        return float(given) if isinstance(v, schema.Double) else given
+
+    # -- errors ----------------------------------------------------------------------------------
+
+    def _site(self, pc: int | None) -> FailureSite:
+        if pc is None:
+            return FailureSite(self.name)
+        ins = self.meta.instructions[pc]
+        node = source = None
+        debug = self.meta.debug
+        if 0 <= ins.debug < len(debug):
+            node = debug[ins.debug].node_name or None
+            source = debug[ins.debug].source or None
+        return FailureSite(self.name, pc, self._op_label(ins), node, source)
+
+    def _op_label(self, ins: schema.Instruction) -> str:
+        match ins:
+            case schema.KernelCall(op_index=i) if 0 <= i < len(self.meta.operators):
+                op = self.meta.operators[i]
+                return canonical_op_name(op.name, op.overload)
+            case schema.DelegateCall(delegate_index=d):
+                return f"delegate {self._program._backend_id(d)}"
+        return type(ins).__name__
+
+    def _failure(self, pc: int | None, reason: str, hint: str = "") -> RuntimeFailure:
+        return RuntimeFailure(self._site(pc), reason, hint)
+
+
+def _truth(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"jump condition is a tensor of {value.numel()} elements")
+        return bool(value.item())
+    return bool(value)
+
+
+def _store(out: _Out, value: Any, values: list[Any]) -> None:
+    """Copy ``value`` into the tensor ``out`` describes (its planned or owned memory)."""
+    dst = out.tensor if out.tensor is not None else values[out.value]
+    if not isinstance(value, torch.Tensor):
+        dst.fill_(value)
+        return
+    if dst.shape != value.shape:
+        if not out.dynamic:
+            raise ValueError(
+                f"result of shape {tuple(value.shape)} does not fit value {out.value} "
+                f"(planned shape {out.sizes})"
+            )
+        dst.resize_(0)
+        dst.resize_(value.shape)
+        _check_capacity(out, dst)
+    dst.copy_(value)
+
+
+def _check_capacity(out: _Out, tensor: torch.Tensor) -> None:
+    if out.capacity is None:
+        return
+    used = tensor.numel() * tensor.element_size()
+    if used > out.capacity:
+        raise ValueError(
+            f"value {out.value} grew to shape {tuple(tensor.shape)} ({used} bytes), beyond "
+            f"its planned upper bound {out.sizes} ({out.capacity} bytes); export with a smaller "
+            "max in dynamic_shapes or call with smaller inputs"
+        )
+
+
+def _kernel_step(
+    method: Method,
+    pc: int,
+    kernel: Kernel,
+    operands: tuple[int, ...],
+    outs: tuple[_Out, ...],
+    result: int | None,
+    result_out: tuple[_Out, ...],
+) -> Step:
+    """The step running one kernel: resolve arguments (once, if none ever changes), reset
+    dynamic outputs to zero elements (ATen then resizes them without a warning), call, check
+    that every output has the shape the plan gave it and stayed within its planned bytes."""
+    nxt = pc + 1
+    fn = kernel.fn
+    converters = dict(kernel.converters)
+    fixed = [method._fixed(i) for i in operands]
+    changing = [(p, converters.get(p)) for p, i in enumerate(operands) if method._changing(i)]
+    for p, convert in converters.items():
+        if p < len(fixed):
+            fixed[p] = convert(fixed[p])
+    static_args = fixed if not changing else None
+    resolve = method._resolve
+    # outputs that are caller inputs (tensor None) are the caller's business: not checked
+    dynamic_outs = tuple(o for o in outs if o.dynamic and o.tensor is not None)
+    static_outs = tuple(
+        (o.tensor, torch.Size(o.sizes), o) for o in outs if not o.dynamic and o.tensor is not None
+    )
+
+    def args_of(values: list[Any]) -> list[Any]:
+        if static_args is not None:
+            return static_args
+        args = fixed.copy()
+        for p, convert in changing:
+            got = resolve(values, operands[p])
+            args[p] = convert(got) if convert is not None else got
+        return args
+
+    def step(values: list[Any]) -> int:
+        for o in dynamic_outs:
+            o.tensor.resize_(0)
+        returned = fn(args_of(values))
+        for tensor, size, o in static_outs:
+            if tensor.shape != size:
+                raise ValueError(
+                    f"kernel resized value {o.value} to {tuple(tensor.shape)}; the plan "
+                    f"gives it {o.sizes}"
+                )
+        for o in dynamic_outs:
+            _check_capacity(o, o.tensor)
+        if result is not None:
+            if result_out:
+                _store(result_out[0], returned, values)
+            else:
+                values[result] = returned
+        return nxt
+
+    return step
+
+
+def _check_tensor_input(label: str, v: schema.Tensor, given: Any) -> torch.Tensor:
+    want = memory.describe(v.dtype, v.sizes)
+    if not isinstance(given, torch.Tensor):
+        raise MethodInputError(f"{label} must be a tensor {want}; got {type(given).__name__}")
+    dtype = memory.torch_dtype(v.dtype)
+    shape = tuple(given.shape)
+    got = memory.describe(given.dtype, shape)
+    bound = " (upper bounds)" if v.dynamic else ""
+    if given.dtype != dtype:
+        raise MethodInputError(
+            f"{label} must have dtype {str(dtype).removeprefix('torch.')}; got {got} "
+            f"(expected {want}{bound}); convert it with .to({dtype})"
+        )
+    if len(shape) != len(v.sizes):
+        raise MethodInputError(f"{label} must have rank {len(v.sizes)}: expected {want}{bound}, "
+                               f"got {got}")
+    if not v.dynamic and shape != tuple(v.sizes):
+        raise MethodInputError(
+            f"{label} has shape {got}; the method was exported for {want} (static shape); "
+            "export with dynamic_shapes to accept other sizes"
+        )
+    if given.device.type != "cpu":
+        raise MethodInputError(f"{label} is on {given.device}; the runtime runs on cpu")
+    if given.requires_grad:
+        given = given.detach()
+    if memory.is_contiguous_order(v.dim_order) and not given.is_contiguous():
+        given = given.contiguous()
+    return given

@@ -1,0 +1,218 @@
+"""A loaded program file: ``Program.load(path_or_bytes)``.
+
+Loading reads and **fully validates** the file (``exportir.program.serialize`` /
+``exportir.program.validate``: header, checksums, every index, value kind, tensor size, storage
+range and the memory plan) before anything runs; a malformed file raises
+``ProgramLoadError`` naming the field or byte offset. Files are memory-mapped read-only: constant
+tensors are ``torch.frombuffer`` views of the mapped data segment (zero-copy weights), shared by
+all methods. Then every delegate the program carries is initialised once through the delegate
+registry (``backend.init(processed, compile_specs)``).
+
+Methods are prepared on first use (``program.method(name)``) and cached: each owns its planned
+arenas, allocated once.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any
+
+import torch
+
+from exportir.program import schema, serialize
+from exportir.program.validate import (
+    DEFAULT_LIMITS,
+    LoadLimits,
+    ProgramLoadError,
+    validate_program,
+)
+from exportir.runtime import memory
+from exportir.runtime.delegates import BackendRuntime, DelegateRegistry, default_delegate_registry
+from exportir.runtime.errors import (
+    FailureSite,
+    MissingBackendError,
+    RuntimeFailure,
+    UnknownMethodError,
+)
+from exportir.runtime.kernels import KernelRegistry, default_kernel_registry
+from exportir.runtime.method import Method
+
+__all__ = ["Program", "ProgramLoadError"]
+
+
+class Program:
+    """An executable program. Build with :meth:`load` (from a file or bytes) or
+    :meth:`from_schema` (an in-memory ``schema.Program``, validated the same way)."""
+
+    __slots__ = (
+        "_constants",
+        "_handles",
+        "_mapping",
+        "_methods",
+        "delegates",
+        "kernels",
+        "schema",
+        "source",
+    )
+
+    def __init__(
+        self,
+        program: schema.Program,
+        *,
+        kernels: KernelRegistry | None = None,
+        delegates: DelegateRegistry | None = None,
+        mapping: mmap.mmap | None = None,
+        source: str = "<memory>",
+    ) -> None:
+        """Wrap an already validated ``schema.Program``; prefer :meth:`load`/:meth:`from_schema`."""
+        self.schema = program
+        self.kernels = kernels if kernels is not None else default_kernel_registry()
+        self.delegates = delegates if delegates is not None else default_delegate_registry()
+        self.source = source
+        self._mapping = mapping  # keeps the file mapped while constants view it
+        self._constants: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
+        self._handles: list[tuple[BackendRuntime, Any] | None] = [None] * len(program.delegates)
+        self._methods: dict[str, Method] = {}
+        self._init_delegates()
+
+    # -- construction ----------------------------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls,
+        source: str | os.PathLike[str] | bytes | bytearray | memoryview,
+        *,
+        kernels: KernelRegistry | None = None,
+        delegates: DelegateRegistry | None = None,
+        verify_data: bool = True,
+        limits: LoadLimits = DEFAULT_LIMITS,
+    ) -> Program:
+        """Load a program file (a path, memory-mapped) or its bytes, validating it fully.
+
+        ``kernels`` / ``delegates`` default to fresh default registries. ``verify_data`` checks
+        the data segment's checksum (it reads every weight page once; skip it for huge,
+        trusted files). Raises ``ProgramLoadError`` for a malformed file and
+        :class:`RuntimeFailure` (e.g. :class:`MissingBackendError`) for one this runtime cannot
+        run.
+        """
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            data: Any = source
+            mapping = None
+            name = "<bytes>"
+        else:
+            name = os.fspath(source)
+            data = mapping = _map_file(name)
+        program = serialize.deserialize_program(data, verify_data=verify_data, limits=limits)
+        return cls(program, kernels=kernels, delegates=delegates, mapping=mapping, source=name)
+
+    @classmethod
+    def from_schema(
+        cls,
+        program: schema.Program,
+        *,
+        kernels: KernelRegistry | None = None,
+        delegates: DelegateRegistry | None = None,
+        limits: LoadLimits = DEFAULT_LIMITS,
+    ) -> Program:
+        """Run an in-memory ``schema.Program`` (validated exactly as a loaded file is)."""
+        validate_program(program, limits)
+        return cls(program, kernels=kernels, delegates=delegates)
+
+    # -- methods ---------------------------------------------------------------------------------
+
+    @property
+    def method_names(self) -> tuple[str, ...]:
+        return self.schema.method_names
+
+    def method(self, name: str = "forward") -> Method:
+        """The prepared method ``name`` (kernels bound, arenas allocated; cached)."""
+        found = self._methods.get(name)
+        if found is not None:
+            return found
+        for meta in self.schema.methods:
+            if meta.name == name:
+                found = self._methods[name] = Method(self, meta)
+                return found
+        names = ", ".join(repr(n) for n in self.method_names) or "none"
+        raise UnknownMethodError(f"program has no method {name!r}; its methods: {names}")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Shorthand for ``program.method("forward")(*args, **kwargs)``."""
+        return self.method("forward")(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"Program({self.source!r}, methods={list(self.method_names)})"
+
+    # -- shared state used by methods ------------------------------------------------------------
+
+    def _constant(self, buffer: int, t: schema.Tensor) -> torch.Tensor:
+        """Constant buffer ``buffer`` viewed as ``t`` (zero-copy, cached, never written)."""
+        key = (buffer, int(t.dtype), tuple(t.sizes), tuple(t.dim_order))
+        found = self._constants.get(key)
+        if found is None:
+            data = self.schema.constants[buffer].data
+            found = self._constants[key] = memory.buffer_tensor(data, t)
+        return found
+
+    def _backend_id(self, index: int) -> str:
+        delegates = self.schema.delegates
+        return delegates[index].backend_id if 0 <= index < len(delegates) else f"#{index}"
+
+    def _delegate(self, index: int, site: FailureSite) -> tuple[BackendRuntime, Any]:
+        entry = self._handles[index]
+        if entry is None:  # cannot happen after _init_delegates; kept for direct callers
+            raise RuntimeFailure(site, f"delegate {index} was not initialised")
+        return entry
+
+    def _init_delegates(self) -> None:
+        for index, d in enumerate(self.schema.delegates):
+            backend = self.delegates.get(d.backend_id)
+            site = self._delegate_site(index)
+            if backend is None:
+                known = ", ".join(self.delegates) or "none"
+                raise MissingBackendError(
+                    site,
+                    f"the program delegates to backend {d.backend_id!r}, which the delegate "
+                    f"registry does not have (registered: {known})",
+                    "register it with DelegateRegistry.register(backend_id, backend) and pass "
+                    "the registry to Program.load(..., delegates=...)",
+                )
+            try:
+                handle = backend.init(d.data, d.compile_specs)
+            except Exception as exc:
+                raise RuntimeFailure(
+                    site, f"backend {d.backend_id!r} failed to initialise delegate {index}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+            self._handles[index] = (backend, handle)
+
+    def _delegate_site(self, index: int) -> FailureSite:
+        """The first instruction calling delegate ``index`` (for error messages)."""
+        for meta in self.schema.methods:
+            for pc, ins in enumerate(meta.instructions):
+                if isinstance(ins, schema.DelegateCall) and ins.delegate_index == index:
+                    entry = meta.debug[ins.debug] if 0 <= ins.debug < len(meta.debug) else None
+                    return FailureSite(
+                        meta.name, pc, f"delegate {self._backend_id(index)}",
+                        entry.node_name if entry else None, entry.source if entry else None,
+                    )
+        return FailureSite("<program>", None, f"delegate {self._backend_id(index)}")
+
+
+def _map_file(path: str) -> mmap.mmap | bytes:
+    """Map ``path`` read-only (an empty file cannot be mapped: its bytes, which fail to load)."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return b""
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def load(
+    source: str | os.PathLike[str] | bytes | bytearray | memoryview,
+    *,
+    kernels: KernelRegistry | None = None,
+    delegates: DelegateRegistry | None = None,
+) -> Program:
+    """``Program.load(source, ...)``."""
+    return Program.load(source, kernels=kernels, delegates=delegates)

@@ -286,7 +286,7 @@ class MethodEmitter:
     def results(self, node: Node, choice: kernels.KernelChoice) -> list[int]:
         val = node.meta.get("val")
         # a view runs as its *_copy op, whose result is contiguous
-        contiguous = choice.functional is not kernels.aten_op(node.target)
+        contiguous = kernels.is_view_copy(choice.functional)
         if isinstance(val, (list, tuple)):
             items = tuple(
                 self.new_tensor(v, f"{node.name}[{i}]", contiguous) for i, v in enumerate(val)

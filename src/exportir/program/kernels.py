@@ -109,6 +109,16 @@ def _is_view(op: torch._ops.OpOverload) -> bool:
     return any(r.alias_info is not None for r in s.returns)
 
 
+def is_view_copy(op: torch._ops.OpOverload) -> bool:
+    """``aten.permute_copy.default`` and friends: the copying form of a view op."""
+    name = op._schema.name
+    if not name.endswith("_copy"):
+        return False
+    view = _packet(op, name.partition("::")[2][: -len("_copy")])
+    overload = op._schema.overload_name or "default"
+    return view is not None and overload in view.overloads() and _is_view(getattr(view, overload))
+
+
 def _signature(args: list[Any]) -> tuple[tuple[str, str], ...]:
     return tuple((a.name, str(a.type)) for a in args)
 

@@ -108,17 +108,20 @@ def to_edge(
     return EdgeProgramManager(edge, constant_methods, config)
 
 
-def _apply_passes(ep: ExportedProgram, passes: Sequence[Pass]) -> ExportedProgram:
+def _apply_passes(
+    ep: ExportedProgram, passes: Sequence[Pass], config: EdgeCompileConfig
+) -> ExportedProgram:
     """Run ``passes`` on one method: GraphModule passes (-> PassResult / None) or
-    ExportedProgram -> ExportedProgram callables."""
+    ExportedProgram -> ExportedProgram callables. ``ep`` itself is left untouched."""
+    gm = copy.deepcopy(ep.graph_module)
+    gm.meta[CONFIG_META_KEY] = config  # the passes' result is verified with this config
+    ep = ep._update(gm, copy.deepcopy(ep.graph_signature))
     for p in passes:
         if _takes_program(p):
             ep = p(ep)
-            continue
-        config = ep.graph_module.meta.get(CONFIG_META_KEY)
-        ep = ep._transform_do_not_use(p)
-        if config is not None:
             ep.graph_module.meta.setdefault(CONFIG_META_KEY, config)
+        else:
+            ep = ep._transform_do_not_use(p)
     return ep
 
 
@@ -145,7 +148,10 @@ class EdgeProgramManager:
                 "rename one of them"
             )
         for ep in self._edge_programs.values():
-            ep.graph_module.meta.setdefault(CONFIG_META_KEY, self.compile_config)
+            if compile_config is not None:
+                ep.graph_module.meta[CONFIG_META_KEY] = compile_config
+            else:
+                ep.graph_module.meta.setdefault(CONFIG_META_KEY, self.compile_config)
             EdgeVerifier().check(ep)
 
     @property
@@ -178,11 +184,12 @@ class EdgeProgramManager:
         """A new manager with ``passes`` run on every method (or per method when a dict),
         in order; the result is verified again. GraphModule passes return a ``PassResult``
         (or None after editing in place)."""
+        config = compile_config or self.compile_config
         new: dict[str, ExportedProgram] = {}
         for name, ep in self._edge_programs.items():
             method_passes = passes.get(name, ()) if isinstance(passes, Mapping) else passes
-            new[name] = _apply_passes(ep, method_passes) if method_passes else ep
-        return EdgeProgramManager(new, self._config_methods, compile_config or self.compile_config)
+            new[name] = _apply_passes(ep, method_passes, config) if method_passes else ep
+        return EdgeProgramManager(new, self._config_methods, config)
 
     def to_backend(self, partitioner: Any) -> EdgeProgramManager:
         """Delegate what ``partitioner`` claims to backends (one partitioner for every method,

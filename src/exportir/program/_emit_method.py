@@ -164,6 +164,10 @@ class MethodEmitter:
             return self.add(schema.Double(float(val) if isinstance(val, float) else 0.0))
         if isinstance(val, (int, torch.SymInt)):
             return self.add(schema.Int(val if isinstance(val, int) else _size_bound(val)[0]))
+        if isinstance(val, str):
+            return self.add(schema.String(val))
+        if val is None:
+            return self.add(schema.Null())
         raise EmitError(f"node {name!r} of method {self.name!r}: unsupported scalar {val!r}")
 
     def operator_index(self, op: schema.Operator) -> int:

@@ -154,7 +154,7 @@ class _MethodChecker:
         for k, i in enumerate(self.m.inputs):
             field = f"{self.f}.inputs[{k}]"
             i = self.value(i, field, (schema.Tensor, schema.Int, schema.Double, schema.Bool,
-                                      schema.Null), "an input")
+                                      schema.String, schema.Null), "an input")
             v = self.m.values[i]
             if isinstance(v, schema.Tensor) and not isinstance(v.storage, schema.InputStorage):
                 raise _fail("an input tensor must have InputStorage", field)

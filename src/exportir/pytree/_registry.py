@@ -186,6 +186,7 @@ class PytreeRegistry:
 
 
 # --------------------------------------------------------------------------- serialization errors
+# Defined here rather than in _serialize: the builtin nodes' dumpable-context hooks raise it.
 
 
 class TreeSpecSerializationError(ValueError, NotImplementedError):

@@ -1,0 +1,111 @@
+"""Delegates run through an explicit, test-local registry: init once at load, execute per call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from runtime_programs import MethodBuilder, program_of
+
+from exportir.program import schema, serialize
+from exportir.runtime import (
+    DelegateRegistry,
+    MissingBackendError,
+    Program,
+    RuntimeFailure,
+    default_delegate_registry,
+)
+
+
+class AffineBackend:
+    """Test backend: processed bytes ``b"scale=<float>"``; computes ``a * scale + b``."""
+
+    def __init__(self, outputs: int = 1) -> None:
+        self.inits: list[tuple[bytes, tuple]] = []
+        self.calls = 0
+        self.outputs = outputs
+
+    def init(self, processed, compile_specs):
+        self.inits.append((bytes(processed), tuple(compile_specs)))
+        key, _, value = bytes(processed).decode().partition("=")
+        if key != "scale":
+            raise ValueError(f"bad blob {bytes(processed)!r}")
+        return float(value)
+
+    def execute(self, handle, inputs):
+        self.calls += 1
+        a, b = inputs
+        return [a * handle + b] * self.outputs
+
+
+def _delegating_program(blob: bytes = b"scale=3", backend_id: str = "affine") -> schema.Program:
+    b = MethodBuilder()
+    x, y = b.input("x", (2, 2)), b.input("y", (2, 2))
+    delegated = b.planned((2, 2))
+    out = b.planned((2, 2))
+    b.instruction(lambda d: schema.DelegateCall(0, (x, y), (delegated,), d),
+                  "executorch_call_delegate", "model.py:20")
+    b.kernel("aten::relu", "out", (delegated, out), "relu", "model.py:21")
+    b.outputs += [out, delegated]
+    spec = schema.CompileSpec("precision", b"fp32")
+    return program_of(b, delegates=[schema.Delegate(backend_id, blob, (spec,))])
+
+
+def _registry(backend) -> DelegateRegistry:
+    registry = DelegateRegistry()
+    registry.register("affine", backend)
+    return registry
+
+
+def test_delegate_runs_and_writes_its_planned_outputs():
+    backend = AffineBackend()
+    program = Program.load(serialize.serialize_program(_delegating_program()),
+                           delegates=_registry(backend))
+    x, y = torch.randn(2, 2), torch.randn(2, 2)
+    out, delegated = program.method()(x, y)
+    torch.testing.assert_close(delegated, x * 3 + y)
+    torch.testing.assert_close(out, (x * 3 + y).relu())
+
+
+def test_init_runs_once_at_load_with_blob_and_compile_specs():
+    backend = AffineBackend()
+    program = Program.from_schema(_delegating_program(), delegates=_registry(backend))
+    assert backend.inits == [(b"scale=3", (schema.CompileSpec("precision", b"fp32"),))]
+    method = program.method()
+    for _ in range(3):
+        method(torch.ones(2, 2), torch.ones(2, 2))
+    assert len(backend.inits) == 1 and backend.calls == 3
+
+
+def test_missing_backend_fails_at_load_naming_the_call_site():
+    with pytest.raises(MissingBackendError) as info:
+        Program.from_schema(_delegating_program(backend_id="npu"), delegates=DelegateRegistry())
+    err = info.value
+    assert (err.instruction, err.node, err.source) == (0, "executorch_call_delegate",
+                                                      "model.py:20")
+    assert "backend 'npu'" in str(err) and "DelegateRegistry.register" in str(err)
+
+
+def test_backend_init_failure_is_a_runtime_failure():
+    with pytest.raises(RuntimeFailure, match="failed to initialise delegate 0: ValueError"):
+        Program.from_schema(_delegating_program(blob=b"bogus"),
+                            delegates=_registry(AffineBackend()))
+
+
+def test_wrong_number_of_delegate_outputs():
+    program = Program.from_schema(_delegating_program(), delegates=_registry(AffineBackend(2)))
+    with pytest.raises(RuntimeFailure, match="delegate returned 2 outputs; the program expects 1"
+                       ) as info:
+        program.method()(torch.ones(2, 2), torch.ones(2, 2))
+    assert info.value.op == "delegate affine"
+
+
+def test_registry_checks_the_backend_interface():
+    with pytest.raises(TypeError, match="lacks init"):
+        DelegateRegistry().register("x", object())
+
+
+def test_default_registry_is_a_fresh_object():
+    first, second = default_delegate_registry(), default_delegate_registry()
+    assert first is not second
+    first.register("affine", AffineBackend())
+    assert "affine" in first and "affine" not in second

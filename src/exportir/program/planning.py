@@ -164,8 +164,12 @@ def _best_fit(
 
 
 _ORDERS = (
-    # biggest first (ties: longest-lived, then earliest, then value id: deterministic)
+    # biggest first (ties: earliest, then value id: deterministic)
+    lambda r: (-r.nbytes, r.lifetime.first, r.value),
+    # biggest first (ties: longest-lived, then earliest)
     lambda r: (-r.nbytes, -(r.lifetime.last - r.lifetime.first), r.lifetime.first, r.value),
+    # latest-dying first
+    lambda r: (-r.lifetime.last, -r.nbytes, r.value),
     # longest-lived first
     lambda r: (-(r.lifetime.last - r.lifetime.first), -r.nbytes, r.lifetime.first, r.value),
     # schedule order
@@ -173,12 +177,48 @@ _ORDERS = (
 )
 
 
+def _breadth_order(requests: Sequence[BufferRequest]) -> list[BufferRequest]:
+    """Tensors live at the busiest instruction first (biggest first), then the next busiest."""
+    live: dict[int, int] = {}
+    for r in requests:
+        for t in range(r.lifetime.first, r.lifetime.last + 1):
+            live[t] = live.get(t, 0) + r.nbytes
+    order: list[BufferRequest] = []
+    taken: set[int] = set()
+    by_size = sorted(requests, key=_ORDERS[0])
+    for t in sorted(live, key=lambda t: (-live[t], t)):
+        for r in by_size:
+            if r.value not in taken and r.lifetime.first <= t <= r.lifetime.last:
+                taken.add(r.value)
+                order.append(r)
+        if len(order) == len(requests):
+            break
+    return order
+
+
+_SMALL = 400  # up to this many buffers, also try the costlier orders
+
+
+def _candidate_orders(requests: Sequence[BufferRequest]) -> list[list[BufferRequest]]:
+    orders = [sorted(requests, key=key) for key in _ORDERS]
+    if len(requests) <= _SMALL:
+        span = max((r.lifetime.last for r in requests), default=0) + 1
+        if span * len(requests) <= 200_000:
+            orders.append(_breadth_order(requests))
+        orders.append(sorted(requests, key=lambda r: (
+            -r.nbytes * (r.lifetime.last - r.lifetime.first + 1), r.value)))
+    return orders
+
+
 def _plan_arena(requests: Sequence[BufferRequest], alignment: int) -> tuple[dict[int, int], int]:
     best: tuple[dict[int, int], int] | None = None
-    for key in _ORDERS:
-        offsets, size = _best_fit(sorted(requests, key=key), alignment)
+    bound = _lower_bound(requests, alignment)
+    for order in _candidate_orders(requests):
+        offsets, size = _best_fit(order, alignment)
         if best is None or size < best[1]:
             best = (offsets, size)
+        if best[1] <= bound:
+            break  # optimal
     return best if best is not None else ({}, 0)
 
 

@@ -21,7 +21,7 @@ import argparse
 import itertools
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,14 +110,57 @@ def _binary() -> Plan:
 # One probe plan per op overload ("name.overload"; "name" for the default overload).
 PLANS: dict[str, Plan] = {
     # -- elementwise unary
-    **{name: _unary() for name in (
-        "abs", "acos", "acosh", "asin", "asinh", "atan", "atanh", "bitwise_not", "ceil",
-        "clone", "cos", "cosh", "erf", "exp", "expm1", "floor", "isinf", "isnan", "log",
-        "log10", "log1p", "log2", "logical_not", "neg", "reciprocal", "relu", "round",
-        "rsqrt", "sigmoid", "sign", "sin", "sinh", "sqrt", "tan", "tanh", "trunc", "alias",
-        "nonzero", "alias_copy", "detach_copy", "lift_fresh_copy", "gelu", "elu",
-        "hardtanh", "leaky_relu", "bitwise_not",
-    )},  # fmt: skip
+    **{
+        name: _unary()
+        for name in (
+            "abs",
+            "acos",
+            "acosh",
+            "asin",
+            "asinh",
+            "atan",
+            "atanh",
+            "bitwise_not",
+            "ceil",
+            "clone",
+            "cos",
+            "cosh",
+            "erf",
+            "exp",
+            "expm1",
+            "floor",
+            "isinf",
+            "isnan",
+            "log",
+            "log10",
+            "log1p",
+            "log2",
+            "logical_not",
+            "neg",
+            "reciprocal",
+            "relu",
+            "round",
+            "rsqrt",
+            "sigmoid",
+            "sign",
+            "sin",
+            "sinh",
+            "sqrt",
+            "tan",
+            "tanh",
+            "trunc",
+            "alias",
+            "nonzero",
+            "alias_copy",
+            "detach_copy",
+            "lift_fresh_copy",
+            "gelu",
+            "elu",
+            "hardtanh",
+            "leaky_relu",
+            "bitwise_not",
+        )
+    },
     "_local_scalar_dense": P(X((1,))),
     "sym_size.int": P(X(), 0),
     "sym_numel": P(X()),
@@ -126,22 +169,58 @@ PLANS: dict[str, Plan] = {
     "sym_is_contiguous": P(X()),
     "resize_": P(X(), [3, 2]),
     # -- elementwise binary (tensor, tensor)
-    **{name: _binary() for name in (
-        "add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor", "atan2",
-        "bitwise_and.Tensor", "bitwise_or.Tensor", "bitwise_xor.Tensor", "eq.Tensor",
-        "ge.Tensor", "gt.Tensor", "le.Tensor", "lt.Tensor", "ne.Tensor", "fmod.Tensor",
-        "remainder.Tensor", "logical_and", "logical_or", "logical_xor", "maximum", "minimum",
-        "pow.Tensor_Tensor",
-    )},  # fmt: skip
+    **{
+        name: _binary()
+        for name in (
+            "add.Tensor",
+            "sub.Tensor",
+            "mul.Tensor",
+            "div.Tensor",
+            "atan2",
+            "bitwise_and.Tensor",
+            "bitwise_or.Tensor",
+            "bitwise_xor.Tensor",
+            "eq.Tensor",
+            "ge.Tensor",
+            "gt.Tensor",
+            "le.Tensor",
+            "lt.Tensor",
+            "ne.Tensor",
+            "fmod.Tensor",
+            "remainder.Tensor",
+            "logical_and",
+            "logical_or",
+            "logical_xor",
+            "maximum",
+            "minimum",
+            "pow.Tensor_Tensor",
+        )
+    },
     "div.Tensor_mode": P(X(), X(zero_dim=True), rounding_mode="floor"),
     "atan2.out": P(X(), X(), out=X()),
     # -- elementwise with a Scalar operand
-    **{name: P(X(), S()) for name in (
-        "add.Scalar", "sub.Scalar", "mul.Scalar", "div.Scalar", "bitwise_and.Scalar",
-        "bitwise_or.Scalar", "bitwise_xor.Scalar", "eq.Scalar", "ge.Scalar", "gt.Scalar",
-        "le.Scalar", "lt.Scalar", "ne.Scalar", "fmod.Scalar", "remainder.Scalar",
-        "pow.Tensor_Scalar", "fill.Scalar",
-    )},  # fmt: skip
+    **{
+        name: P(X(), S())
+        for name in (
+            "add.Scalar",
+            "sub.Scalar",
+            "mul.Scalar",
+            "div.Scalar",
+            "bitwise_and.Scalar",
+            "bitwise_or.Scalar",
+            "bitwise_xor.Scalar",
+            "eq.Scalar",
+            "ge.Scalar",
+            "gt.Scalar",
+            "le.Scalar",
+            "lt.Scalar",
+            "ne.Scalar",
+            "fmod.Scalar",
+            "remainder.Scalar",
+            "pow.Tensor_Scalar",
+            "fill.Scalar",
+        )
+    },
     "div.Scalar_mode": P(X(), S(), rounding_mode="floor"),
     "pow.Scalar": P(S(), X()),
     "clamp": P(X(), S((1, 1.5)), S((2, 2.5))),
@@ -171,19 +250,23 @@ PLANS: dict[str, Plan] = {
     "_log_softmax": P(X(), 1, False),
     "_softmax": P(X(), 1, False),
     # -- shapes and views (and their *_copy forms)
-    **{_with_suffix(name, suffix): plan for name, plan in {
-        "expand": P(X((1, 3)), [2, 3]),
-        "permute": P(X(), [1, 0]),
-        "view": P(X(), [6]),
-        "select.int": P(X(), 0, 0),
-        "slice.Tensor": P(X(), 1, 0, 2),
-        "squeeze.dim": P(X((1, 3)), 0),
-        "squeeze.dims": P(X((1, 3)), [0]),
-        "unsqueeze": P(X(), 0),
-        "split_with_sizes": P(X(), [1, 1]),
-        "diagonal": P(X()),
-        "as_strided": P(X(), [2, 2], [1, 1]),
-    }.items() for suffix in ("", "_copy")},  # fmt: skip
+    **{
+        _with_suffix(name, suffix): plan
+        for name, plan in {
+            "expand": P(X((1, 3)), [2, 3]),
+            "permute": P(X(), [1, 0]),
+            "view": P(X(), [6]),
+            "select.int": P(X(), 0, 0),
+            "slice.Tensor": P(X(), 1, 0, 2),
+            "squeeze.dim": P(X((1, 3)), 0),
+            "squeeze.dims": P(X((1, 3)), [0]),
+            "unsqueeze": P(X(), 0),
+            "split_with_sizes": P(X(), [1, 1]),
+            "diagonal": P(X()),
+            "as_strided": P(X(), [2, 2], [1, 1]),
+        }.items()
+        for suffix in ("", "_copy")
+    },
     "squeeze_copy": P(X((1, 3))),
     "t_copy": P(X()),
     "transpose_copy.int": P(X(), 0, 1),
@@ -213,8 +296,13 @@ PLANS: dict[str, Plan] = {
     "embedding": P(X((5, 3)), X((4,), fill="zero")),
     "embedding_dense_backward": P(X((4, 3)), X((4,), fill="zero"), 5, -1, False),
     "_embedding_bag": P(
-        X((5, 3)), X((4,), fill="zero", tie="idx"), X((2,), fill="zero", tie="idx"),
-        False, 0, False, X((4,), tie="w"),
+        X((5, 3)),
+        X((4,), fill="zero", tie="idx"),
+        X((2,), fill="zero", tie="idx"),
+        False,
+        0,
+        False,
+        X((4,), tie="w"),
     ),
     # -- factories
     "empty.memory_format": P([2, 3], dtype=D()),
@@ -232,10 +320,21 @@ PLANS: dict[str, Plan] = {
     "_cdist_forward": P(X((2, 3)), X((4, 3)), 2.0, None),
     "_pdist_forward": P(X((4, 3)), 2.0),
     # -- convolution and pooling
-    "convolution": P(X((1, 2, 5, 5)), X((3, 2, 3, 3)), X((3,)), [1, 1], [0, 0], [1, 1], False, [0, 0], 1),
+    "convolution": P(
+        X((1, 2, 5, 5)), X((3, 2, 3, 3)), X((3,)), [1, 1], [0, 0], [1, 1], False, [0, 0], 1
+    ),
     "convolution_backward": P(
-        X((1, 3, 3, 3)), X((1, 2, 5, 5)), X((3, 2, 3, 3)), [3], [1, 1], [0, 0], [1, 1],
-        False, [0, 0], 1, [True, True, True],
+        X((1, 3, 3, 3)),
+        X((1, 2, 5, 5)),
+        X((3, 2, 3, 3)),
+        [3],
+        [1, 1],
+        [0, 0],
+        [1, 1],
+        False,
+        [0, 0],
+        1,
+        [True, True, True],
     ),
     "_adaptive_avg_pool2d": P(X(NCHW), [2, 2]),
     "_adaptive_avg_pool2d_backward": P(X((1, 2, 2, 2)), X(NCHW)),
@@ -247,7 +346,14 @@ PLANS: dict[str, Plan] = {
     "avg_pool3d": P(X(NCDHW), [2, 2, 2]),
     "max_pool2d_with_indices": P(X(NCHW), [2, 2]),
     "max_pool2d_with_indices_backward": P(
-        X((1, 2, 2, 2)), X(NCHW), [2, 2], [2, 2], [0, 0], [1, 1], False, X((1, 2, 2, 2), fill="zero"),
+        X((1, 2, 2, 2)),
+        X(NCHW),
+        [2, 2],
+        [2, 2],
+        [0, 0],
+        [1, 1],
+        False,
+        X((1, 2, 2, 2), fill="zero"),
     ),
     "max_pool3d_with_indices": P(X(NCDHW), [2, 2, 2]),
     "col2im": P(X((1, 4, 4)), [3, 3], [2, 2], [1, 1], [0, 0], [1, 1]),
@@ -263,24 +369,54 @@ PLANS: dict[str, Plan] = {
     "native_dropout": P(X(), 0.5, False),
     "native_layer_norm": P(X(), [3], X((3,), tie="wb"), X((3,), tie="wb"), 1e-5),
     "native_layer_norm_backward": P(
-        X(tie="g"), X(tie="g"), [3], X((2, 1), tie="stat"), X((2, 1), tie="stat"),
-        X((3,), tie="wb"), X((3,), tie="wb"), [True, True, True],
+        X(tie="g"),
+        X(tie="g"),
+        [3],
+        X((2, 1), tie="stat"),
+        X((2, 1), tie="stat"),
+        X((3,), tie="wb"),
+        X((3,), tie="wb"),
+        [True, True, True],
     ),
     "native_group_norm": P(X((2, 4, 3)), X((4,), tie="wb"), X((4,), tie="wb"), 2, 4, 3, 2, 1e-5),
     "native_group_norm_backward": P(
-        X((2, 4, 3), tie="g"), X((2, 4, 3), tie="g"), X((2, 2), tie="stat"), X((2, 2), tie="stat"),
-        X((4,)), 2, 4, 3, 2, [True, True, True],
+        X((2, 4, 3), tie="g"),
+        X((2, 4, 3), tie="g"),
+        X((2, 2), tie="stat"),
+        X((2, 2), tie="stat"),
+        X((4,)),
+        2,
+        4,
+        3,
+        2,
+        [True, True, True],
     ),
     "_native_batch_norm_legit": P(
-        X((2, 3, 4)), X((3,), tie="wb"), X((3,), tie="wb"), X((3,), tie="run"), X((3,), tie="run"),
-        False, 0.1, 1e-5,
+        X((2, 3, 4)),
+        X((3,), tie="wb"),
+        X((3,), tie="wb"),
+        X((3,), tie="run"),
+        X((3,), tie="run"),
+        False,
+        0.1,
+        1e-5,
     ),
     "_native_batch_norm_legit.no_stats": P(
-        X((2, 3, 4)), X((3,), tie="wb"), X((3,), tie="wb"), True, 0.1, 1e-5,
+        X((2, 3, 4)),
+        X((3,), tie="wb"),
+        X((3,), tie="wb"),
+        True,
+        0.1,
+        1e-5,
     ),
     "_native_batch_norm_legit_no_training": P(
-        X((2, 3, 4)), X((3,), tie="wb"), X((3,), tie="wb"), X((3,), tie="run"), X((3,), tie="run"),
-        0.1, 1e-5,
+        X((2, 3, 4)),
+        X((3,), tie="wb"),
+        X((3,), tie="wb"),
+        X((3,), tie="run"),
+        X((3,), tie="run"),
+        0.1,
+        1e-5,
     ),
     # -- FFT (complex results: no edge dtype combination exists)
     "_fft_r2c": P(X((4,)), [0], 0, True),
@@ -289,12 +425,29 @@ PLANS: dict[str, Plan] = {
 
 # The view ops' copy forms the Edge dialect uses (beside every core op).
 EXTRA_OPS = (
-    "alias_copy", "as_strided_copy", "detach_copy", "diagonal_copy", "expand_copy",
-    "lift_fresh_copy", "narrow_copy", "permute_copy", "select_copy.int", "slice_copy.Tensor",
-    "split_copy.Tensor", "split_with_sizes_copy", "squeeze_copy", "squeeze_copy.dim",
-    "squeeze_copy.dims", "t_copy", "transpose_copy.int", "unbind_copy.int", "unfold_copy",
-    "unsqueeze_copy", "view_copy", "view_copy.dtype",
-)  # fmt: skip
+    "alias_copy",
+    "as_strided_copy",
+    "detach_copy",
+    "diagonal_copy",
+    "expand_copy",
+    "lift_fresh_copy",
+    "narrow_copy",
+    "permute_copy",
+    "select_copy.int",
+    "slice_copy.Tensor",
+    "split_copy.Tensor",
+    "split_with_sizes_copy",
+    "squeeze_copy",
+    "squeeze_copy.dim",
+    "squeeze_copy.dims",
+    "t_copy",
+    "transpose_copy.int",
+    "unbind_copy.int",
+    "unfold_copy",
+    "unsqueeze_copy",
+    "view_copy",
+    "view_copy.dtype",
+)
 
 
 # ---------------------------------------------------------------------------- op list
@@ -427,7 +580,9 @@ def _dtype_of(value: Any) -> torch.dtype | None:
     return None
 
 
-def _bind(schema: torch._C.FunctionSchema, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+def _bind(
+    schema: torch._C.FunctionSchema, args: list[Any], kwargs: dict[str, Any]
+) -> dict[str, Any]:
     bound = {a.name: v for a, v in zip(schema.arguments, args)}
     bound.update(kwargs)
     return bound
@@ -447,7 +602,7 @@ def probe(op: torch._ops.OpOverload, plan: Plan) -> tuple[list[str], set[tuple[s
                 warnings.simplefilter("ignore")
                 torch.manual_seed(0)
                 out = op(*args, **kwargs)
-        except Exception:  # noqa: BLE001  # any failure means: this combination is unsupported
+        except Exception:  # noqa: BLE001, S112  # any failure means: this combination is unsupported
             continue
         outs = out if isinstance(out, tuple) else (out,)
         dtypes = [_dtype_of(bound.get(name)) for name in arg_vars]

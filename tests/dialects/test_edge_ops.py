@@ -43,7 +43,9 @@ SEED_SIGMOID = """\
 
 
 def _gen_module():
-    spec = importlib.util.spec_from_file_location("gen_edge_yaml", ROOT / "scripts/gen_edge_yaml.py")
+    spec = importlib.util.spec_from_file_location(
+        "gen_edge_yaml", ROOT / "scripts/gen_edge_yaml.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("gen_edge_yaml", module)
     spec.loader.exec_module(module)
@@ -82,10 +84,16 @@ def test_loader_reproduces_sigmoid_table():
         "T1": {torch.float64, torch.float32},
         "T2": {torch.float32},
     }
-    assert ours.type_constraint == ({"self": "T0", "__ret_0": "T2"}, {"self": "T1", "__ret_0": "T1"})
+    assert ours.type_constraint == (
+        {"self": "T0", "__ret_0": "T2"},
+        {"self": "T1", "__ret_0": "T1"},
+    )
     # The formatter writes the entry back byte for byte.
     aliases = {k: sorted(constraints.DTYPE_NAMES[d] for d in v) for k, v in ours.type_alias.items()}
-    assert format_entry("sigmoid", "aten::sigmoid", aliases, list(ours.type_constraint)) == SEED_SIGMOID
+    assert (
+        format_entry("sigmoid", "aten::sigmoid", aliases, list(ours.type_constraint))
+        == SEED_SIGMOID
+    )
 
 
 def test_sigmoid_constraint_semantics():
@@ -113,7 +121,13 @@ def test_every_core_aten_op_and_view_copy_op_has_an_entry():
     assert not missing
     core = [op for op in gen.edge_ops() if torch.Tag.core in op.tags]
     assert len(core) >= 190
-    for name in ("view_copy", "permute_copy", "select_copy.int", "slice_copy.Tensor", "expand_copy"):
+    for name in (
+        "view_copy",
+        "permute_copy",
+        "select_copy.int",
+        "slice_copy.Tensor",
+        "expand_copy",
+    ):
         assert f"aten::{name}" in table
 
 
@@ -175,7 +189,7 @@ def test_edge_op_names_call_and_identity():
 
 def test_unknown_overload_error_names_the_choices():
     with pytest.raises(AttributeError, match="no overload 'nope'.*Tensor"):
-        ops.edge.aten.add.nope
+        _ = ops.edge.aten.add.nope
 
 
 def test_named_returns_and_optional_tensor_arguments():

@@ -75,7 +75,9 @@ def test_valid_edge_program_passes_and_transform_keeps_it_valid(edge):
     again = edge.transform([_rewrite(lambda gm: None)])
     assert again.exported_program().dialect == "EDGE"
     targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
-    assert any("view_copy" in t for t in targets) and not any("aten.view.default" in t for t in targets)
+    assert any("view_copy" in t for t in targets) and not any(
+        "aten.view.default" in t for t in targets
+    )
 
 
 # ---------------------------------------------------------------------------- rule 1: op set
@@ -85,8 +87,14 @@ def test_op_set_rejects_aten_ops(edge):
     def use_aten(gm):
         _node(gm, "sigmoid").target = torch.ops.aten.sigmoid.default
 
-    _expect(edge, use_aten, "node sigmoid", "aten.sigmoid.default is an ATen op, not an edge op",
-            "ops.edge.aten.sigmoid.default", f"{THIS_FILE}:")
+    _expect(
+        edge,
+        use_aten,
+        "node sigmoid",
+        "aten.sigmoid.default is an ATen op, not an edge op",
+        "ops.edge.aten.sigmoid.default",
+        f"{THIS_FILE}:",
+    )
 
 
 def test_op_set_rejects_non_core_edge_ops_unless_excepted(edge):
@@ -96,8 +104,12 @@ def test_op_set_rejects_non_core_edge_ops_unless_excepted(edge):
         node = _node(gm, "sigmoid")
         node.target = ops.edge.aten.special_expit.default  # non-core alias of sigmoid
 
-    message = _expect(edge, use_noncore, "aten.special_expit.default is not in the core ATen op set",
-                      "_core_aten_ops_exception_list=[torch.ops.aten.special_expit.default]")
+    message = _expect(
+        edge,
+        use_noncore,
+        "aten.special_expit.default is not in the core ATen op set",
+        "_core_aten_ops_exception_list=[torch.ops.aten.special_expit.default]",
+    )
     assert "model.eval()" in message
     config = EdgeCompileConfig(_core_aten_ops_exception_list=[torch.ops.aten.special_expit.default])
     edge.transform([_rewrite(use_noncore)], compile_config=config)  # accepted
@@ -107,8 +119,13 @@ def test_op_set_rejects_views(edge):
     def use_view(gm):
         _node(gm, "view").target = ops.edge.aten.view.default
 
-    _expect(edge, use_view, "node view", "returns a view of its input",
-            "ops.edge.aten.view_copy.default")
+    _expect(
+        edge,
+        use_view,
+        "node view",
+        "returns a view of its input",
+        "ops.edge.aten.view_copy.default",
+    )
 
 
 # ---------------------------------------------------------------------------- rule 2: scalar operands
@@ -119,8 +136,14 @@ def test_scalar_operand_in_tensor_position_is_rejected(edge):
         mul = _node(gm, "mul")
         mul.args = (mul.args[0], 2)
 
-    _expect(edge, put_scalar, "node mul", "argument 'other' of edge op aten.mul.Tensor is the "
-            "Python scalar 2", "torch.tensor(2)", f"{THIS_FILE}:")
+    _expect(
+        edge,
+        put_scalar,
+        "node mul",
+        "argument 'other' of edge op aten.mul.Tensor is the Python scalar 2",
+        "torch.tensor(2)",
+        f"{THIS_FILE}:",
+    )
 
 
 def test_scalar_operands_of_scalar_overloads_are_fine():
@@ -144,9 +167,14 @@ def test_dtype_combination_outside_the_table_is_rejected(edge):
         node.meta["val"] = fake_like(torch.zeros(2, 3, dtype=torch.int32))
 
     message = _expect(
-        edge, claim_int_sigmoid, "node sigmoid", "edge op aten.sigmoid.default does not support "
-        "the dtype combination (self: torch.int32, __ret_0: torch.int32)", "Allowed (edge.yaml)",
-        "x.to(torch.float32)", f"{THIS_FILE}:",
+        edge,
+        claim_int_sigmoid,
+        "node sigmoid",
+        "edge op aten.sigmoid.default does not support "
+        "the dtype combination (self: torch.int32, __ret_0: torch.int32)",
+        "Allowed (edge.yaml)",
+        "x.to(torch.float32)",
+        f"{THIS_FILE}:",
     )
     assert "self=Bool|Byte|Char|Int|Long|Short, __ret_0=Float" in message
 
@@ -163,7 +191,9 @@ def test_non_edge_dtype_is_rejected_and_can_be_let_through():
     message = str(info.value)
     assert "torch.bfloat16 is not an edge dtype" in message and "node _to_copy" in message
     assert "_check_ir_validity=False" in message and f"{THIS_FILE}:" in message
-    relaxed = _edge(Half(), (torch.randn(2),), compile_config=EdgeCompileConfig(_check_ir_validity=False))
+    relaxed = _edge(
+        Half(), (torch.randn(2),), compile_config=EdgeCompileConfig(_check_ir_validity=False)
+    )
     assert relaxed.exported_program().dialect == "EDGE"
 
 
@@ -182,8 +212,13 @@ def test_scalar_graph_input_used_by_the_graph_is_rejected():
         mul = next(m for m in gm.graph.nodes if m.name == "mul")
         mul.args = (mul.args[0], n)
 
-    _expect(edge, use_n, "graph input n is the scalar 3 (int)", "Edge graph inputs are tensors",
-            "torch.tensor(value)")
+    _expect(
+        edge,
+        use_n,
+        "graph input n is the scalar 3 (int)",
+        "Edge graph inputs are tensors",
+        "torch.tensor(value)",
+    )
 
 
 def test_scalar_graph_output_is_rejected_and_literal_outputs_pass(edge):
@@ -196,8 +231,13 @@ def test_scalar_graph_output_is_rejected_and_literal_outputs_pass(edge):
         size.meta["val"] = 6
         out.args = ((size, *out.args[0][1:]),)
 
-    _expect(edge, return_size, "graph output sym_size_int is the scalar 6 (int)",
-            "Edge graph outputs are tensors", f"{THIS_FILE}:")
+    _expect(
+        edge,
+        return_size,
+        "graph output sym_size_int is the scalar 6 (int)",
+        "Edge graph outputs are tensors",
+        f"{THIS_FILE}:",
+    )
 
     class Literal(nn.Module):
         def forward(self, x):

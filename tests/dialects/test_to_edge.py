@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from corpus.export_models import BY_NAME, build
 from torch import nn
 
-from corpus.export_models import BY_NAME, build
 from exportir import pytree
 from exportir.dialects.edge.ops import EdgeOpOverload, ops
 from exportir.export.verifier import SpecViolationError
@@ -76,11 +76,15 @@ def test_to_edge_keeps_numerics(name):
     edge = _to_edge(_export(module, args, kwargs)).exported_program()
     assert edge.dialect == "EDGE"
     assert all(
-        isinstance(t, EdgeOpOverload) or not isinstance(t, torch._ops.OpOverload) or "sym_" in str(t)
+        isinstance(t, EdgeOpOverload)
+        or not isinstance(t, torch._ops.OpOverload)
+        or "sym_" in str(t)
         for t in _call_targets(edge)
     )
     fresh, args2, kwargs2 = build(BY_NAME[name])
-    expected = [t for t in pytree.tree_leaves(fresh(*args2, **kwargs2)) if isinstance(t, torch.Tensor)]
+    expected = [
+        t for t in pytree.tree_leaves(fresh(*args2, **kwargs2)) if isinstance(t, torch.Tensor)
+    ]
     _, args3, kwargs3 = build(BY_NAME[name])
     got = [t for t in _run(edge, args3, kwargs3) if isinstance(t, torch.Tensor)]
     assert len(got) == len(expected)
@@ -100,7 +104,11 @@ class ScaleView(nn.Module):
 def test_conversions_views_scalars_edge_ops():
     edge = _to_edge(_export(ScaleView(), (torch.randn(2, 3),))).exported_program()
     names = {str(t.__name__) for t in _call_targets(edge) if isinstance(t, EdgeOpOverload)}
-    assert {"aten.view_copy.default", "aten.unsqueeze_copy.default", "aten.permute_copy.default"} <= names
+    assert {
+        "aten.view_copy.default",
+        "aten.unsqueeze_copy.default",
+        "aten.permute_copy.default",
+    } <= names
     assert not any(n.split(".")[1] in ("view", "unsqueeze", "permute") for n in names)
     consts = edge.graph_signature.lifted_tensor_constants
     assert len(consts) == 2  # 2 -> int64, 1.5 -> float32 (gt.Scalar keeps its Scalar 0)
@@ -197,7 +205,9 @@ def test_non_core_op_error_and_exception_list():
     message = str(info.value)
     assert "node adaptive_max_pool2d" in message and "not in the core ATen op set" in message
     assert "pooling.py" in message and "_core_aten_ops_exception_list" in message
-    config = EdgeCompileConfig(_core_aten_ops_exception_list=[torch.ops.aten.adaptive_max_pool2d.default])
+    config = EdgeCompileConfig(
+        _core_aten_ops_exception_list=[torch.ops.aten.adaptive_max_pool2d.default]
+    )
     edge = _to_edge(ep, compile_config=config).exported_program()
     _, args2, kwargs2 = build(BY_NAME["pooling"])
     expected = module(*args2, **kwargs2)

@@ -31,6 +31,7 @@ from exportir.fx.node import Node
 
 __all__ = ["ScalarToTensorResult", "is_scalar_operand", "scalar_to_tensor", "tensor_arg_positions"]
 
+
 def _calls(graph: Any) -> list[Any]:
     """The graph's call_function nodes, in order."""
     return [n for n in graph.nodes if n.op == "call_function"]
@@ -65,7 +66,7 @@ def tensor_arg_positions(op: OpOverload) -> tuple[dict[int, str], set[str]]:
     return positions, names
 
 
-def _constant_tensor(value: bool | int | float) -> torch.Tensor:
+def _constant_tensor(value: bool | float) -> torch.Tensor:
     return torch.tensor(value)
 
 
@@ -88,7 +89,7 @@ class _Lifter:
                 self.taken.update((name, f"c{name}"))
                 return name
 
-    def node_for(self, value: bool | int | float) -> Node:
+    def node_for(self, value: bool | float) -> Node:
         key = (type(value), repr(value))
         hit = self.by_value.get(key)
         if hit is not None:
@@ -113,7 +114,9 @@ class _Lifter:
         return node
 
 
-def scalar_to_tensor(graph: Graph, signature: ExportGraphSignature, constants: dict[str, Any]) -> ScalarToTensorResult:
+def scalar_to_tensor(
+    graph: Graph, signature: ExportGraphSignature, constants: dict[str, Any]
+) -> ScalarToTensorResult:
     """Rewrite ``graph`` in place; returns the new input specs and constants to build with."""
     lifter = _Lifter(graph, list(signature.input_specs), dict(constants))
     modified = False

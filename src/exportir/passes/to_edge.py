@@ -18,7 +18,8 @@ from exportir.dialects.edge.ops import EdgeOpOverload, to_edge_op
 from exportir.fx.graph_module import GraphModule
 from exportir.fx.passes.infra.pass_base import PassBase, PassResult
 
-__all__ = ["OpReplacePass", "RemoveGraphAssertsPass", "SYMBOLIC_OPS", "ASSERT_OPS"]
+__all__ = ["ASSERT_OPS", "SYMBOLIC_OPS", "OpReplacePass", "RemoveGraphAssertsPass"]
+
 
 def _calls(graph: Any) -> list[Any]:
     """The graph's call_function nodes, in order."""

@@ -9,7 +9,6 @@ has the same arguments and returns fresh memory. Metadata and node names are kep
 from __future__ import annotations
 
 import functools
-
 from typing import Any
 
 import torch
@@ -20,10 +19,10 @@ from exportir.fx.passes.infra.pass_base import PassBase, PassResult
 
 __all__ = ["ReplaceViewOpsWithViewCopyPass", "is_view_op", "view_copy_of"]
 
+
 def _calls(graph: Any) -> list[Any]:
     """The graph's call_function nodes, in order."""
     return [n for n in graph.nodes if n.op == "call_function"]
-
 
 
 def is_view_op(op: OpOverload) -> bool:

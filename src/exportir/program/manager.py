@@ -35,11 +35,15 @@ _DEFAULT_METHOD = "forward"
 Pass = Callable[..., Any]
 
 
-def _as_methods(programs: ExportedProgram | Mapping[str, ExportedProgram]) -> dict[str, ExportedProgram]:
+def _as_methods(
+    programs: ExportedProgram | Mapping[str, ExportedProgram],
+) -> dict[str, ExportedProgram]:
     if isinstance(programs, ExportedProgram):
         return {_DEFAULT_METHOD: programs}
     if isinstance(programs, Mapping) and programs:
-        bad = {k: type(v).__name__ for k, v in programs.items() if not isinstance(v, ExportedProgram)}
+        bad = {
+            k: type(v).__name__ for k, v in programs.items() if not isinstance(v, ExportedProgram)
+        }
         if not bad and all(isinstance(k, str) for k in programs):
             return dict(programs)
         raise TypeError(
@@ -60,7 +64,10 @@ def _decomposition_table(config: EdgeCompileConfig) -> dict[Any, Callable[..., A
 
 
 def _build_edge_program(
-    ep: ExportedProgram, gm: Any, signature: ExportGraphSignature, constants: dict[str, Any],
+    ep: ExportedProgram,
+    gm: Any,
+    signature: ExportGraphSignature,
+    constants: dict[str, Any],
     config: EdgeCompileConfig,
 ) -> ExportedProgram:
     gm.meta[CONFIG_META_KEY] = config

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["EdgeCompileConfig", "CONFIG_META_KEY"]
+__all__ = ["CONFIG_META_KEY", "EdgeCompileConfig"]
 
 # The edge program's graph module carries its config here, so re-verification (after
 # ``transform``, after loading) applies the same exceptions.

@@ -38,8 +38,8 @@ import torch
 
 __all__ = [
     "DTYPE_NAMES",
-    "DtypeSet",
     "EDGE_DTYPES",
+    "DtypeSet",
     "OpDtypeConstraint",
     "aggregate",
     "constraint_for",
@@ -287,7 +287,10 @@ def aggregate(
 
 
 def format_entry(
-    func: str, inherits: str, type_alias: Mapping[str, Sequence[str]], rows: Sequence[Mapping[str, str]]
+    func: str,
+    inherits: str,
+    type_alias: Mapping[str, Sequence[str]],
+    rows: Sequence[Mapping[str, str]],
 ) -> str:
     """One ``edge.yaml`` entry, formatted exactly as the seed shows (flow-style alias lists)."""
     lines = [f"- func: {func}", "  namespace: edge", f"  inherits: {inherits}"]
@@ -309,4 +312,3 @@ def format_entry(
     else:
         lines.append("  type_constraint: []")
     return "\n".join(lines) + "\n"
-

@@ -59,7 +59,7 @@ class EdgeArgument:
 class EdgeFunctionSchema:
     """An ATen ``FunctionSchema`` whose tensor arguments/returns are :class:`EdgeArgument`s."""
 
-    __slots__ = ("schema", "dtype_constraint", "arguments", "returns")
+    __slots__ = ("arguments", "dtype_constraint", "returns", "schema")
 
     def __init__(self, schema: torch._C.FunctionSchema, constraint: OpDtypeConstraint) -> None:
         self.schema = schema
@@ -99,7 +99,7 @@ class EdgeOpOverload:
     the ATen op.
     """
 
-    __slots__ = ("_op", "_schema", "__name__", "__qualname__", "_edge_name")
+    __slots__ = ("__name__", "__qualname__", "_edge_name", "_op", "_schema")
 
     def __init__(self, op: OpOverload) -> None:
         self._op = op
@@ -170,7 +170,7 @@ class EdgeOpOverloadPacket:
             return cached
         aten = getattr(self._packet, overload, None)
         if not isinstance(aten, OpOverload):
-            raise AttributeError(
+            raise AttributeError(  # noqa: TRY004  # the getattr protocol: AttributeError
                 f"edge op packet 'edge.{self.__name__}' has no overload {overload!r}; "
                 f"available overloads: {self.overloads()}"
             )
@@ -202,7 +202,9 @@ class _EdgeNamespace:
             return cached
         packet = getattr(getattr(torch.ops, self._namespace), name, None)
         if not isinstance(packet, OpOverloadPacket):
-            raise AttributeError(f"there is no operator {self._namespace}::{name} to specialise")
+            raise AttributeError(  # noqa: TRY004  # the getattr protocol: AttributeError
+                f"there is no operator {self._namespace}::{name} to specialise"
+            )
         edge_packet = self._packets[name] = EdgeOpOverloadPacket(self._namespace, packet)
         return edge_packet
 

@@ -45,6 +45,7 @@ from exportir.fx.node import Node
 
 __all__ = ["EdgeVerifier", "node_dtypes", "user_source_line"]
 
+
 def _calls(graph: Any) -> list[Any]:
     """The graph's call_function nodes, in order."""
     return [n for n in graph.nodes if n.op == "call_function"]
@@ -143,7 +144,9 @@ def _describe_dtypes(dtypes: Mapping[str, torch.dtype | None]) -> str:
 
 def _is_aliasing(op: OpOverload) -> bool:
     returns = op._schema.returns
-    return bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
+    return (
+        bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
+    )
 
 
 def _check_op_set(node: Node, accepted: frozenset[Any]) -> None:

@@ -12,8 +12,22 @@ from program_samples import sample_program
 
 from exportir.program import schema, serialize, validate
 from exportir.program.schema import (
-    Allocation, ConstantData, DebugEntry, FreeCall, Int, IntList, JumpFalseCall, KernelCall,
-    MethodPlan, MoveCall, Null, Operator, OptionalTensorList, ScalarType, Tensor, TensorList,
+    Allocation,
+    ConstantData,
+    DebugEntry,
+    FreeCall,
+    Int,
+    IntList,
+    JumpFalseCall,
+    KernelCall,
+    MethodPlan,
+    MoveCall,
+    Null,
+    Operator,
+    OptionalTensorList,
+    ScalarType,
+    Tensor,
+    TensorList,
 )
 from exportir.program.validate import LoadLimits, ProgramLoadError
 

@@ -529,7 +529,8 @@ def _spec_json(ep: Any, which: int) -> str:
     try:
         spec = ep.call_spec[which]
         return "" if spec is None else treespec_dumps(spec)
-    except Exception:  # a spec that cannot be serialized is left out: the method stays callable
+    except (TypeError, ValueError, NotImplementedError, AttributeError):  # unserializable spec:
+        # left out; the method stays callable with flat inputs
         return ""
 
 

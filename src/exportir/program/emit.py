@@ -17,8 +17,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from exportir.program import _emit_method, kernels, planning, schema, validate
 from exportir.program.kernels import EmitError, KernelCoverageError, source_line
 

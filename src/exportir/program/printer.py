@@ -145,8 +145,10 @@ def format_sizes(p: schema.Program, layout: object) -> list[str]:
     lines = [
         "Size breakdown:",
         f"  header       {getattr(layout, 'header_size', 0):>12} B",
-        f"  structure    {getattr(layout, 'structure_length', 0):>12} B "
-        f"({getattr(layout, 'structure_raw_length', 0)} B uncompressed)",
+        (
+            f"  structure    {getattr(layout, 'structure_length', 0):>12} B "
+            f"({getattr(layout, 'structure_raw_length', 0)} B uncompressed)"
+        ),
         f"  constants    {constants:>12} B in {len(p.constants)} buffer(s)",
         f"  delegates    {delegates:>12} B in {len(p.delegates)} blob(s)",
         f"  padding      {data - constants - delegates:>12} B",

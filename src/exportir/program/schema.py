@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Union
 
 FORMAT_VERSION = 1
 """Major version of the program format written by this module; readers reject others."""
@@ -139,7 +138,7 @@ class DynamicStorage:
     """Memory the runtime allocates while running (sizes without a static upper bound)."""
 
 
-Storage = Union[ConstantData, Allocation, InputStorage, DynamicStorage]
+Storage = ConstantData | Allocation | InputStorage | DynamicStorage
 
 
 # ------------------------------------------------------------------------------ values
@@ -229,10 +228,10 @@ class OptionalTensorList:
     items: tuple[int, ...]
 
 
-EValue = Union[
-    Tensor, Int, Double, Bool, String, Null, IntList, DoubleList, BoolList, TensorList,
-    OptionalTensorList,
-]
+EValue = (
+    Tensor | Int | Double | Bool | String | Null | IntList | DoubleList | BoolList | TensorList
+    | OptionalTensorList
+)
 
 EVALUE_TYPES: tuple[type, ...] = (
     Tensor, Int, Double, Bool, String, Null, IntList, DoubleList, BoolList, TensorList,
@@ -278,7 +277,7 @@ class FreeCall:
     debug: int = 0
 
 
-Instruction = Union[KernelCall, DelegateCall, MoveCall, JumpFalseCall, FreeCall]
+Instruction = KernelCall | DelegateCall | MoveCall | JumpFalseCall | FreeCall
 
 INSTRUCTION_TYPES: tuple[type, ...] = (KernelCall, DelegateCall, MoveCall, JumpFalseCall, FreeCall)
 

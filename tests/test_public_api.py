@@ -22,6 +22,10 @@ EXPECTED_ALL = {
     "ModuleCallSignature",
     "default_decompositions",
     "SpecViolationError",
+    "to_edge",
+    "EdgeProgramManager",
+    "ProgramManager",
+    "EdgeCompileConfig",
 }
 
 

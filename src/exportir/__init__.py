@@ -25,6 +25,10 @@ _LAZY: dict[str, str] = {
     "ModuleCallSignature": "exportir.export",
     "default_decompositions": "exportir.export",
     "SpecViolationError": "exportir.export",
+    "to_edge": "exportir.program.manager",
+    "EdgeProgramManager": "exportir.program.manager",
+    "ProgramManager": "exportir.program.manager",
+    "EdgeCompileConfig": "exportir.dialects.edge.config",
 }
 
 __all__ = ["__version__", *_LAZY]

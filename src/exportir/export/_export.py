@@ -20,8 +20,12 @@ def export(
     dynamic_shapes: dict[str, Any] | tuple[Any, ...] | list[Any] | None = None,
     strict: bool = False,
     preserve_module_call_signature: tuple[str, ...] = (),
+    prefer_deferred_runtime_asserts_over_guards: bool = False,
 ) -> Any:
     """Capture ``mod(*args, **kwargs)`` into an :class:`ExportedProgram` (ATen dialect).
+
+    ``prefer_deferred_runtime_asserts_over_guards`` is accepted for torch.export compatibility;
+    exportir always reports guards on input dims against ``dynamic_shapes``.
 
     Non-strict capture (seed 004): ``forward`` runs with the ordinary Python interpreter on fake
     tensors while every ATen op is recorded; Python values, branches and loops are specialized

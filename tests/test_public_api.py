@@ -76,3 +76,11 @@ def test_importing_the_package_is_lazy():
 def test_importing_pytree_does_not_load_capture():
     loaded = _loaded_after("import exportir.pytree")
     assert "exportir.export" not in loaded and "exportir.fx" not in loaded
+
+
+def test_unsupported_export_flag_is_refused_clearly():
+    import pytest
+    import torch
+
+    with pytest.raises(NotImplementedError, match="prefer_deferred_runtime_asserts_over_guards"):
+        exportir.export(torch.nn.ReLU(), (torch.ones(2),), prefer_deferred_runtime_asserts_over_guards=True)

@@ -24,9 +24,6 @@ def export(
 ) -> Any:
     """Capture ``mod(*args, **kwargs)`` into an :class:`ExportedProgram` (ATen dialect).
 
-    ``prefer_deferred_runtime_asserts_over_guards`` is accepted for torch.export compatibility;
-    exportir always reports guards on input dims against ``dynamic_shapes``.
-
     Non-strict capture (seed 004): ``forward`` runs with the ordinary Python interpreter on fake
     tensors while every ATen op is recorded; Python values, branches and loops are specialized
     to the example inputs.
@@ -41,6 +38,11 @@ def export(
         raise NotImplementedError(
             "dynamic shapes are not built yet: export with static shapes (dynamic_shapes=None) "
             "for now; Dim / dynamic_shapes support comes in the next release."
+        )
+    if prefer_deferred_runtime_asserts_over_guards:
+        raise NotImplementedError(
+            "prefer_deferred_runtime_asserts_over_guards=True is not supported yet: exportir "
+            "checks guards on input dims against dynamic_shapes; export without the flag."
         )
     if preserve_module_call_signature:
         raise NotImplementedError(

@@ -1,0 +1,37 @@
+"""Symbolic shapes: SymNode (behind ``torch.SymInt``), ShapeEnv, value ranges, guards.
+
+A leaf package: it imports torch and sympy, nothing of exportir.
+"""
+
+from exportir.symbolic.functions import FloorDiv, IntTrueDiv, PyMod, ToFloat, TruncToInt
+from exportir.symbolic.printing import python_source
+from exportir.symbolic.shape_env import (
+    DimDynamic,
+    Guard,
+    GuardOnDataDependentSymNode,
+    RuntimeAssert,
+    ShapeEnv,
+    UserFrame,
+    user_frame,
+)
+from exportir.symbolic.sym_node import SymNode
+from exportir.symbolic.value_ranges import ValueRanges, bound
+
+__all__ = [
+    "DimDynamic",
+    "FloorDiv",
+    "Guard",
+    "GuardOnDataDependentSymNode",
+    "IntTrueDiv",
+    "PyMod",
+    "RuntimeAssert",
+    "ShapeEnv",
+    "SymNode",
+    "ToFloat",
+    "TruncToInt",
+    "UserFrame",
+    "ValueRanges",
+    "bound",
+    "python_source",
+    "user_frame",
+]

@@ -1,0 +1,441 @@
+"""ShapeEnv: the symbols of one export, what is known about them, and the guards taken.
+
+- Backed symbols ``s0, s1, ...`` stand for input dimensions; each has a hint (its value in the
+  example inputs), sources (``x.size()[0]``) and a value range (``[2, int_oo]`` by default).
+- Unbacked symbols ``u0, u1, ...`` come from tensor data (``.item()``, ``nonzero``...): no hint.
+- Deciding a symbolic condition (``if x.shape[0] > 3``) uses the ranges when they settle it,
+  else the hints, and records a :class:`Guard` with the user's source line. Guards refine the
+  ranges (``s0 > 3`` -> ``s0 in [4, ...]``) and add replacements (``Eq(s1, s0 + 1)`` -> every
+  ``s1`` reads ``s0 + 1``), so graphs stay readable.
+- A condition on unbacked symbols that the ranges and known facts cannot settle raises
+  :class:`GuardOnDataDependentSymNode` naming the user's line and a ``torch._check`` fix.
+- ``torch._check(cond)`` on unbacked symbols becomes a :class:`RuntimeAssert` (checked in the
+  exported graph) and a known fact.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+
+from exportir.symbolic.functions import to_python
+from exportir.symbolic.printing import python_source
+from exportir.symbolic.sym_node import SymNode
+from exportir.symbolic.value_ranges import ValueRanges, bound
+
+oo = sympy.oo
+
+
+class DimDynamic(enum.Enum):
+    """How an input dimension becomes a symbol."""
+
+    DYNAMIC = "dynamic"  # its own symbol
+    DUCK = "duck"  # shares the symbol of an earlier DUCK dim with the same hint
+    STATIC = "static"  # stays an integer
+
+
+@dataclass(frozen=True, slots=True)
+class UserFrame:
+    """The innermost user frame (not torch, not exportir, not sympy) of an event."""
+
+    filename: str
+    lineno: int
+    name: str
+    code: str
+
+    def __str__(self) -> str:
+        text = f'File "{self.filename}", line {self.lineno}, in {self.name}'
+        return text + (f"\n    {self.code}" if self.code else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """A condition the exported program assumes about its input shapes."""
+
+    expr: sympy.Basic
+    frame: UserFrame | None
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeAssert:
+    """A condition on unbacked values, checked when the exported program runs."""
+
+    expr: sympy.Basic
+    frame: UserFrame | None
+
+
+class GuardOnDataDependentSymNode(RuntimeError):
+    """A Python decision needs the value of a data-dependent (unbacked) symbol."""
+
+    def __init__(self, message: str, cond: sympy.Basic, frame: UserFrame | None) -> None:
+        super().__init__(message)
+        self.cond = cond
+        self.frame = frame
+
+
+_LIBRARY_MARKERS = ("/torch/", "/exportir/", "/sympy/", "<frozen", "/contextlib.py", "/functools.py")
+
+
+def user_frame() -> UserFrame | None:
+    """The innermost frame of the caller's own code."""
+    import linecache
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename.replace("\\", "/")
+        if not any(m in name for m in _LIBRARY_MARKERS) and not name.startswith("<"):
+            code = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+            return UserFrame(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name, code)
+        frame = frame.f_back
+    return None
+
+
+def _is_bool(expr: sympy.Basic) -> bool:
+    return isinstance(expr, sympy.logic.boolalg.Boolean)
+
+
+# listener(target, operand nodes, result node): the capture recorder records symbolic arithmetic
+OpListener = Callable[[Any, tuple, SymNode], None]
+
+
+class ShapeEnv:
+    """Symbols, hints, ranges, guards, replacements and runtime asserts of one export."""
+
+    def __init__(self) -> None:
+        self.var_to_hint: dict[sympy.Symbol, int] = {}
+        self.var_to_range: dict[sympy.Symbol, ValueRanges] = {}
+        self.var_to_sources: dict[sympy.Symbol, list[str]] = {}
+        self.guards: list[Guard] = []
+        self.deferred_runtime_asserts: list[RuntimeAssert] = []
+        self.replacements: dict[sympy.Symbol, sympy.Expr] = {}
+        self.size_like: set[sympy.Symbol] = set()
+        self.facts: dict[sympy.Basic, bool] = {}  # conditions known to hold (or not)
+        self.op_listener: OpListener | None = None
+        self.listener_paused = 0
+        self._duck: dict[int, sympy.Symbol] = {}
+        self._backed = 0
+        self._unbacked = 0
+
+    # -- symbols ----------------------------------------------------------------------------
+
+    def create_backed_symbol(
+        self,
+        hint: int,
+        source: str,
+        *,
+        dynamic: DimDynamic = DimDynamic.DYNAMIC,
+        vr: ValueRanges | None = None,
+    ) -> sympy.Expr:
+        """A symbol for an input dimension of size ``hint`` (an Integer for STATIC dims)."""
+        if dynamic is DimDynamic.STATIC:
+            return sympy.Integer(hint)
+        if dynamic is DimDynamic.DUCK and hint in self._duck:
+            sym = self._duck[hint]
+            self.var_to_sources[sym].append(source)
+            return sym
+        sym = sympy.Symbol(f"s{self._backed}", integer=True, positive=True)
+        self._backed += 1
+        self.var_to_hint[sym] = int(hint)
+        self.var_to_sources[sym] = [source]
+        default = ValueRanges.of(2, oo) if hint >= 2 else ValueRanges.of(0, oo)
+        self.var_to_range[sym] = default if vr is None else (vr & ValueRanges.of(0, oo))
+        if dynamic is DimDynamic.DUCK:
+            self._duck[hint] = sym
+        return sym
+
+    def symint(self, expr: sympy.Expr) -> torch.SymInt | int:
+        """``expr`` as a ``torch.SymInt`` (a plain int when it is a number)."""
+        expr = self.replace(sympy.sympify(expr))
+        if expr.is_number:
+            return int(expr)
+        return torch.SymInt(SymNode(expr, self, int))
+
+    create_symint = symint
+
+    def create_unbacked_symint(self) -> torch.SymInt:
+        sym = sympy.Symbol(f"u{self._unbacked}", integer=True)
+        self._unbacked += 1
+        self.var_to_range[sym] = ValueRanges.unknown()
+        return torch.SymInt(SymNode(sym, self, int, None))
+
+    def create_unbacked_symfloat(self) -> torch.SymFloat:
+        sym = sympy.Symbol(f"zuf{self._unbacked}", real=True)
+        self._unbacked += 1
+        return torch.SymFloat(SymNode(sym, self, float, None))
+
+    def create_unbacked_symbool(self) -> torch.SymBool:
+        u = self.create_unbacked_symint()
+        self.var_to_range[u.node.expr] = ValueRanges.of(0, 1)
+        return torch.SymBool(SymNode(sympy.Eq(u.node.expr, 1), self, bool, None))
+
+    def is_unbacked_symint(self, sym: sympy.Symbol) -> bool:
+        return isinstance(sym, sympy.Symbol) and sym.name.startswith("u")
+
+    def unbacked_symbols(self, expr: sympy.Basic) -> list[sympy.Symbol]:
+        return sorted((s for s in expr.free_symbols if self.is_unbacked_symint(s)), key=str)
+
+    def constrain_range(self, sym: sympy.Symbol, lower: object = -oo, upper: object = oo) -> None:
+        """Narrow ``sym``'s range to ``[lower, upper]`` (intersected with what is known)."""
+        old = self.var_to_range.get(sym, ValueRanges.unknown())
+        new = old & ValueRanges.of(lower, upper)
+        if bool(new.lower > new.upper):
+            raise ValueError(f"{sym}: range {old} and [{lower}, {upper}] do not intersect")
+        self.var_to_range[sym] = new
+        if new.is_singleton() and new.lower.is_Integer:
+            self.replacements[sym] = new.lower
+
+    def constrain_size_like(self, expr: sympy.Basic, max: object = oo) -> None:  # noqa: A002
+        """A size-like unbacked symbol: ``>= 0`` (and treated as ``>= 2`` size-obliviously)."""
+        if isinstance(expr, sympy.Symbol) and self.is_unbacked_symint(expr):
+            self.size_like.add(expr)
+            self.constrain_range(expr, 0, max)
+
+    # -- expressions ------------------------------------------------------------------------
+
+    def replace(self, expr: sympy.Basic) -> sympy.Basic:
+        if not self.replacements or expr.is_number:
+            return expr
+        for _ in range(8):  # replacements may chain (s2 -> s1 + 1, s1 -> s0)
+            new = expr.xreplace(self.replacements)
+            if new == expr:
+                return new
+            expr = new
+        return expr
+
+    def simplify(self, expr: sympy.Basic) -> sympy.Basic:
+        expr = self.replace(sympy.sympify(expr))
+        static = self.evaluate_static(expr)
+        if static is not None:
+            return sympy.sympify(static)
+        return expr
+
+    def bound(self, expr: sympy.Basic, *, size_oblivious: bool = False) -> ValueRanges:
+        ranges = self.var_to_range
+        if size_oblivious and self.size_like:
+            ranges = {**ranges, **{s: ranges[s] & ValueRanges.of(2, oo) for s in self.size_like}}
+        return bound(self.replace(expr), ranges)
+
+    bound_sympy = bound
+
+    def hint_of(self, expr: sympy.Basic, pytype: type = int) -> Any:
+        expr = self.replace(expr)
+        if expr.free_symbols - self.var_to_hint.keys():
+            return None
+        value = to_python(expr.xreplace({s: sympy.Integer(h) for s, h in self.var_to_hint.items()}))
+        if isinstance(value, sympy.Basic):
+            return None
+        return pytype(value) if pytype in (int, float, bool) else value
+
+    def size_hint(self, expr: sympy.Basic) -> int | None:
+        return self.hint_of(sympy.sympify(expr))
+
+    def evaluate_static(self, expr: sympy.Basic, *, size_oblivious: bool = False) -> Any:
+        """The value of ``expr`` if ranges and known facts settle it, else None (no guard)."""
+        expr = self.replace(expr)
+        if expr.is_number or expr in (sympy.true, sympy.false):
+            value = to_python(expr)
+            return None if isinstance(value, sympy.Basic) else value
+        if expr in self.facts:
+            return self.facts[expr]
+        r = self.bound(expr, size_oblivious=size_oblivious)
+        if r.is_singleton() and (r.is_bool or r.lower.is_number):
+            return to_python(r.lower)
+        return None
+
+    def _maybe_evaluate_static(self, expr: sympy.Basic, **_: Any) -> sympy.Basic | None:
+        value = self.evaluate_static(expr)
+        return None if value is None else sympy.sympify(value)
+
+    # -- guards ----------------------------------------------------------------------------
+
+    def evaluate_sym_node(
+        self, node: SymNode, *, size_oblivious: bool = False, fallback_value: Any = None
+    ) -> Any:
+        return self.evaluate_expr(
+            node.expr, hint=node.hint, size_oblivious=size_oblivious, fallback_value=fallback_value
+        )
+
+    def evaluate_expr(
+        self,
+        expr: sympy.Basic,
+        *,
+        hint: Any = None,
+        frame: UserFrame | None = None,
+        size_oblivious: bool = False,
+        fallback_value: Any = None,
+    ) -> Any:
+        """Decide ``expr``: statically if possible, else by its hint, recording a guard."""
+        expr = self.replace(expr)
+        static = self.evaluate_static(expr, size_oblivious=size_oblivious)
+        if static is not None:
+            return static
+        if hint is None:
+            hint = self.hint_of(expr, bool if _is_bool(expr) else int)
+        if hint is None:
+            if fallback_value is not None:
+                return fallback_value
+            raise self.data_dependent_error(expr, frame)
+        frame = frame or user_frame()
+        if _is_bool(expr):
+            fact = expr if hint else sympy.Not(expr)
+            self.facts[expr] = bool(hint)
+        else:
+            fact = sympy.Eq(expr, hint)
+        self._learn(fact)
+        self.guards.append(Guard(fact, frame))
+        return hint
+
+    def expect_true(self, node: SymNode) -> bool:
+        """``torch._check(cond)``: a runtime assert when ``cond`` is data-dependent."""
+        expr = node.expr
+        static = self.evaluate_static(expr)
+        if static is not None:
+            return bool(static)
+        if node.hint is not None or not self.unbacked_symbols(expr):
+            return bool(self.evaluate_expr(expr, hint=node.hint))
+        self.deferred_runtime_asserts.append(RuntimeAssert(expr, user_frame()))
+        self.facts[expr] = True
+        self._learn(expr)
+        return True
+
+    def defer_runtime_assert(self, expr: sympy.Basic, frame: UserFrame | None = None) -> None:
+        expr = self.replace(expr)
+        if self.evaluate_static(expr) is True:
+            return
+        self.deferred_runtime_asserts.append(RuntimeAssert(expr, frame or user_frame()))
+        self.facts[expr] = True
+        self._learn(expr)
+
+    def _learn(self, fact: sympy.Basic) -> None:
+        """Refine ranges / replacements from a condition known to hold."""
+        if isinstance(fact, sympy.And):
+            for a in fact.args:
+                self._learn(a)
+            return
+        if isinstance(fact, sympy.Not) and isinstance(fact.args[0], sympy.Rel):
+            fact = fact.args[0].negated
+        if not isinstance(fact, sympy.Rel):
+            return
+        self.facts[fact] = True
+        diff = sympy.expand(fact.lhs - fact.rhs)
+        syms = list(diff.free_symbols)
+        if len(syms) == 1:
+            self._learn_bound(syms[0], diff, type(fact))
+        elif isinstance(fact, sympy.Eq):
+            self._learn_equality(diff)
+
+    def _learn_bound(self, sym: sympy.Symbol, diff: sympy.Basic, rel: type) -> None:
+        poly = sympy.Poly(diff, sym) if diff.is_polynomial(sym) else None
+        if poly is None or poly.degree() != 1:
+            return
+        a, b = (int(c) if c.is_Integer else None for c in poly.all_coeffs())
+        if a is None or b is None:
+            return
+        # a*sym + b REL 0  ->  bounds on sym
+        lo, hi = -oo, oo
+        flip = a < 0
+        ge = {sympy.GreaterThan: 0, sympy.StrictGreaterThan: 1}
+        le = {sympy.LessThan: 0, sympy.StrictLessThan: 1}
+        if rel in ge or rel in le:
+            strict = ge.get(rel, le.get(rel))
+            lower_side = (rel in ge) != flip
+            limit = sympy.Rational(-b, a)
+            if lower_side:
+                lo = sympy.floor(limit) + 1 if strict or not limit.is_integer else limit
+                lo = limit + strict if limit.is_integer else sympy.ceiling(limit)
+            else:
+                hi = limit - strict if limit.is_integer else sympy.floor(limit)
+        elif rel is sympy.Eq:
+            limit = sympy.Rational(-b, a)
+            if not limit.is_integer:
+                return
+            lo = hi = limit
+        elif rel is sympy.Ne:
+            self._learn_not_equal(sym, sympy.Rational(-b, a))
+            return
+        try:
+            self.constrain_range(sym, lo, hi)
+        except ValueError:
+            return
+
+    def _learn_not_equal(self, sym: sympy.Symbol, value: sympy.Basic) -> None:
+        r = self.var_to_range.get(sym)
+        if r is None:
+            return
+        if r.lower == value:
+            self.var_to_range[sym] = ValueRanges(r.lower + 1, r.upper)
+        elif r.upper == value:
+            self.var_to_range[sym] = ValueRanges(r.lower, r.upper - 1)
+
+    def _learn_equality(self, diff: sympy.Basic) -> None:
+        """``s1 - s0 - 1 == 0`` -> replace the newest backed symbol with unit coefficient."""
+        candidates = sorted(
+            (s for s in diff.free_symbols if s not in self.replacements),
+            key=lambda s: (not self.is_unbacked_symint(s), int(str(s)[1:]) if str(s)[1:].isdigit() else 0),
+            reverse=True,
+        )
+        for sym in candidates:
+            coeff = diff.coeff(sym)
+            if coeff in (1, -1) and sym not in (diff - coeff * sym).free_symbols:
+                solution = sympy.expand(-(diff - coeff * sym) / coeff)
+                self.replacements[sym] = solution
+                return
+
+    # -- errors -----------------------------------------------------------------------------
+
+    def data_dependent_error(
+        self, expr: sympy.Basic, frame: UserFrame | None = None
+    ) -> GuardOnDataDependentSymNode:
+        frame = frame or user_frame()
+        hinted = expr.xreplace({s: sympy.Integer(h) for s, h in self.var_to_hint.items()})
+        size_like = ", ".join(str(s) for s in sorted(self.size_like, key=str)) or "none"
+        where = f"  {frame}" if frame else "  <unknown location>"
+        unbacked = ", ".join(str(s) for s in self.unbacked_symbols(expr))
+        cond = python_source(expr)
+        negated = python_source(sympy.Not(expr)) if _is_bool(expr) else None
+        fixes = [f"    torch._check({cond})   # if it always holds"]
+        if negated is not None:
+            fixes.append(f"    torch._check({negated})   # if it never holds")
+        message = (
+            f"Could not guard on data-dependent expression {hinted} (unhinted: {expr}).  "
+            f"(Size-like symbols: {size_like})\n\n"
+            f"{where}\n\n"
+            f"{unbacked} come(s) from tensor data (.item(), .tolist(), nonzero, unique, ...), "
+            "whose value is unknown while exporting, so Python cannot decide this condition.\n"
+            "Fix: tell export what holds, before this line:\n" + "\n".join(fixes) + "\n"
+            "or, if both outcomes are needed at run time, express the branch with "
+            "torch.cond(pred, true_fn, false_fn, operands)."
+        )
+        return GuardOnDataDependentSymNode(message, expr, frame)
+
+    # -- layout predicates ------------------------------------------------------------------
+
+    def layout_predicate(self, sizes: list[SymNode], strides: list[SymNode], order: list[int]) -> SymNode:
+        sz = [s.expr for s in sizes]
+        st = [s.expr for s in strides]
+        if len(order) != len(sz):
+            return SymNode(sympy.false, self, bool, False)
+        ok: sympy.Basic = sympy.true
+        expected: sympy.Basic = sympy.S.One
+        for d in order:
+            ok = sympy.And(ok, sympy.Or(sympy.Eq(sz[d], 1), sympy.Eq(st[d], expected)))
+            expected = expected * sz[d]
+        ok = sympy.Or(ok, *(sympy.Eq(s, 0) for s in sz))
+        return SymNode(ok, self, bool)
+
+    def non_overlapping_and_dense(self, sizes: list[SymNode], strides: list[SymNode]) -> SymNode:
+        hints = [s.hint if s.hint is not None else i for i, s in enumerate(strides)]
+        order = sorted(range(len(sizes)), key=lambda i: (hints[i], -i))
+        return self.layout_predicate(sizes, strides, order)
+
+    # -- graph recording ----------------------------------------------------------------------
+
+    def report_op(self, target: Any, operands: tuple, out: SymNode) -> None:
+        if self.op_listener is not None and not self.listener_paused:
+            self.op_listener(target, operands, out)

@@ -48,6 +48,7 @@ _SCALAR_TYPES: dict[type, tuple[type, ...]] = {
     schema.Int: (int,),
     schema.Double: (float, int),
     schema.Bool: (bool,),
+    schema.String: (str,),
 }
 
 
@@ -106,7 +107,7 @@ class Method:
         flat = self._flatten_inputs(args, kwargs)
         outputs = self.execute(flat)
         spec = self._out_spec
-        if spec is not None and spec.num_leaves == len(outputs):
+        if spec is not None and spec.rebuildable and spec.num_leaves == len(outputs):
             return treespec.unflatten(spec, outputs)
         return outputs
 
@@ -498,7 +499,8 @@ def _kernel_step(
             o.tensor.resize_(0)
         returned = fn(args_of(values))
         for tensor, size, o in static_outs:
-            if tensor.shape != size:
+            # emptying an out is harmless (batch norm's unused save_mean / save_invstd)
+            if tensor.shape != size and tensor.numel() != 0:
                 raise ValueError(
                     f"kernel resized value {o.value} to {tuple(tensor.shape)}; the plan "
                     f"gives it {o.sizes}"

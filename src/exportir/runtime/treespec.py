@@ -2,8 +2,10 @@
 
 The runtime may not import the compiler's pytree, so it reads the serialized spec itself and
 understands the builtin containers: tuple, list, dict, OrderedDict, namedtuple (rebuilt as a
-tuple), None and leaves. A spec it does not understand yields ``None``: callers then use the
-flat values, which is always correct.
+tuple), None and leaves. Other registered types (dataclasses, custom nodes) can still be
+*flattened* by duck typing — a tuple/list of the right length, or an object with the attributes
+the spec's context names — but not rebuilt: for outputs the caller then gets the flat values.
+A spec that cannot be parsed at all yields ``None``.
 """
 
 from __future__ import annotations
@@ -20,8 +22,16 @@ _MAPPINGS = {"builtins.dict": dict, "collections.OrderedDict": OrderedDict}
 @dataclass(frozen=True, slots=True)
 class Spec:
     kind: str | None  # None: a leaf
-    keys: tuple[object, ...]
+    keys: tuple[object, ...]  # dict keys, or attribute names of other registered types
     children: tuple[Spec, ...]
+
+    @property
+    def rebuildable(self) -> bool:
+        """Whether :func:`unflatten` can rebuild it (only builtin containers)."""
+        known = self.kind is None or self.kind in _SEQUENCES or self.kind in _MAPPINGS or (
+            self.kind == "builtins.NoneType"
+        )
+        return known and all(c.rebuildable for c in self.children)
 
     @property
     def num_leaves(self) -> int:
@@ -60,6 +70,8 @@ def _node(obj: object) -> Spec | None:
         return Spec(None, (), ()) if not children else None
     if kind == "builtins.NoneType":
         return Spec(kind, (), ())
+    if not isinstance(kind, str):
+        return None
     keys: tuple[object, ...] = ()
     if kind in _MAPPINGS:
         context = json.loads(obj["context"])
@@ -67,12 +79,26 @@ def _node(obj: object) -> Spec | None:
             return None
         keys = tuple(context)
     elif kind not in _SEQUENCES:
-        return None
+        keys = _attribute_names(obj.get("context"), len(children))
     return Spec(kind, keys, tuple(children))
 
 
+def _attribute_names(context: object, count: int) -> tuple[object, ...]:
+    """Field names from a registered type's context (dataclasses: ``[[fields], [none_fields]]``)."""
+    try:
+        decoded = json.loads(context) if isinstance(context, str) else context
+    except ValueError:
+        return ()
+    if isinstance(decoded, list) and decoded and isinstance(decoded[0], list):
+        decoded = decoded[0]
+    if isinstance(decoded, list) and len(decoded) == count:
+        return tuple(decoded) if all(isinstance(n, str) for n in decoded) else ()
+    return ()
+
+
 def unflatten(spec: Spec, leaves: Sequence[object]) -> object:
-    """Rebuild the container ``spec`` describes from ``leaves`` (``len == spec.num_leaves``)."""
+    """Rebuild the container ``spec`` describes from ``leaves`` (``len == spec.num_leaves``;
+    ``spec.rebuildable``)."""
     it = iter(leaves)
     return _build(spec, it)
 
@@ -104,6 +130,12 @@ def _walk(spec: Spec, obj: object, out: list[object]) -> bool:
         if not isinstance(obj, dict) or set(obj) != set(spec.keys):
             return False
         return all(_walk(c, obj[k], out) for k, c in zip(spec.keys, spec.children))
-    if not isinstance(obj, (tuple, list)) or len(obj) != len(spec.children):
+    if isinstance(obj, (tuple, list)):
+        if len(obj) != len(spec.children):
+            return False
+        return all(_walk(c, o, out) for c, o in zip(spec.children, obj))
+    if spec.kind in _SEQUENCES or not spec.keys:
         return False
-    return all(_walk(c, o, out) for c, o in zip(spec.children, obj))
+    if not all(isinstance(k, str) and hasattr(obj, k) for k in spec.keys):
+        return False
+    return all(_walk(c, getattr(obj, k), out) for k, c in zip(spec.keys, spec.children))

@@ -304,3 +304,15 @@ def test_emitted_plans_verify():
     plan = planning.MemoryPlan(m.plan.arenas, allocations, m.plan.lower_bound,
                                alignment=m.plan.alignment, lifetimes=spans)
     planning.verify_plan(plan)
+
+
+def test_symbolic_sizes_plan_their_upper_bound():
+    from exportir.program._emit_method import _size_bound
+    from exportir.symbolic.shape_env import ShapeEnv
+
+    env = ShapeEnv()
+    s0 = env.create_backed_symbol(4, "x.size(0)")
+    env.constrain_range(s0, 2, 16)
+    assert _size_bound(env.symint(s0 * 2)) == (32, True)  # planned at the upper bound
+    assert _size_bound(env.create_unbacked_symint()) == (0, False)  # runtime-allocated
+    assert _size_bound(5) == (5, True)

@@ -84,12 +84,17 @@ def _size_bound(size: Any) -> tuple[int, bool]:
     if isinstance(size, int):
         return size, True
     node = getattr(size, "node", None)
-    for attr in ("upper_bound", "hint"):
-        got = getattr(node, attr, None)
-        got = got() if callable(got) else got
-        if isinstance(got, int) and got >= 0:
-            return got, attr == "upper_bound"
-    return 0, False
+    env, expr = getattr(node, "shape_env", None), getattr(node, "expr", None)
+    if env is not None and expr is not None and hasattr(env, "bound"):
+        try:
+            upper = env.bound(expr).upper
+        except (TypeError, ValueError, AttributeError):
+            upper = None
+        if getattr(upper, "is_Integer", False) or isinstance(upper, int):
+            return max(int(upper), 0), True
+    hint = getattr(node, "hint", None)
+    hint = hint() if callable(hint) else hint
+    return (hint if isinstance(hint, int) and hint >= 0 else 0), False
 
 
 class MethodEmitter:

@@ -113,3 +113,9 @@ def test_printer_shows_methods_ops_plan_and_sizes():
                      "move %16 -> %14", "jump_false %6 -> @4", "free %15", "Size breakdown",
                      "state init=const#1", "f32[2, 3] input", "compile specs: mode"):
         assert expected in text, expected
+
+
+def test_format_1_0_file_still_loads():
+    """A committed file written by format 1.0: later readers must keep loading it."""
+    path = Path(__file__).resolve().parent / "data" / "program_v1_0.xpt"
+    assert serialize.load(path) == sample_program()

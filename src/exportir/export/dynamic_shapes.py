@@ -563,7 +563,10 @@ def plan_dims(f: Any, args: tuple, kwargs: dict | None, dynamic_shapes: Any) -> 
         seen_ids.add(id(leaf))
         src = source_name(named_path)
         for i, d in items:
-            requests.append(DimRequest(id(leaf), i, int(leaf.shape[i]), f"{src}.size()[{i}]", as_dim_spec(d)))
+            spec = as_dim_spec(d)
+            if spec.kind == "static" and spec.value is None:
+                continue  # None / Dim.STATIC: the example's size, nothing to check
+            requests.append(DimRequest(id(leaf), i, int(leaf.shape[i]), f"{src}.size()[{i}]", spec))
     _check_static_values(requests)
     return DimPlan(tuple(requests), dynamic_shapes)
 

@@ -454,7 +454,8 @@ def _final_ranges(table: SymbolTable, facts: _Facts) -> dict[sympy.Expr, Range]:
             ranges[info.symbol] = Range(max(user.lower, _DEFAULT_LOW), user.upper)
         else:
             ranges[info.symbol] = user & implied
-    for expr, spec in table.derived:
+    substituted = [(info.symbol, info.spec) for info in table.symbols if info.symbol in facts.subst]
+    for expr, spec in [*table.derived, *substituted]:
         expr = facts.resolve(expr)
         if expr.is_number or expr in ranges:
             continue
@@ -466,3 +467,18 @@ def _final_ranges(table: SymbolTable, facts: _Facts) -> dict[sympy.Expr, Range]:
         coeffs = _linear(expr, [root]) or {root: 1}
         ranges[expr] = base.map(int(coeffs.get(root, 1)), int(coeffs.get(1, 0)))
     return ranges
+
+
+def ordered_ranges(
+    ranges: Mapping[sympy.Expr, Range], input_sizes: Iterable[Any]
+) -> dict[sympy.Expr, Range]:
+    """``ranges`` in order of first appearance among the input sizes (torch's order), then the
+    rest (phantom roots)."""
+    ordered: dict[sympy.Expr, Range] = {}
+    for size in input_sizes:
+        expr = getattr(getattr(size, "node", None), "expr", size)
+        if isinstance(expr, sympy.Expr) and expr in ranges and expr not in ordered:
+            ordered[expr] = ranges[expr]
+    for expr, r in ranges.items():
+        ordered.setdefault(expr, r)
+    return ordered

@@ -34,11 +34,6 @@ def export(
             "which exportir does not do. Use the default non-strict mode (strict=False), the "
             "mode the torch.export documentation recommends."
         )
-    if dynamic_shapes is not None:
-        raise NotImplementedError(
-            "dynamic shapes are not built yet: export with static shapes (dynamic_shapes=None) "
-            "for now; Dim / dynamic_shapes support comes in the next release."
-        )
     if prefer_deferred_runtime_asserts_over_guards:
         raise NotImplementedError(
             "prefer_deferred_runtime_asserts_over_guards=True is not supported yet: exportir "
@@ -49,8 +44,46 @@ def export(
             "preserve_module_call_signature is not supported yet; export without it."
         )
     mod, args, kwargs = _normalize(mod, args, kwargs)
+    if dynamic_shapes is not None:
+        return _export_dynamic(mod, args, kwargs, dynamic_shapes)
     result = capture(mod, args, kwargs)
     return _program(result, args, kwargs)
+
+
+def _export_dynamic(mod: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shapes: Any) -> Any:
+    """Capture with backed symbols for the marked dims; check the guards against the spec
+    (docs/dev/dynamic-plan.md, "export -> capture with dynamic_shapes")."""
+    from exportir.export import _constraints
+    from exportir.export.dynamic_shapes import plan_dims
+    from exportir.symbolic import ShapeEnv
+
+    plan = plan_dims(mod, args, kwargs, dynamic_shapes)
+    shape_env = ShapeEnv()
+    sizes, table = plan.make_sizes(shape_env)
+    result = capture(mod, args, kwargs, shape_env=shape_env, symbolic_sizes=sizes)
+    solution = _constraints.solve(table, shape_env.guards, shape_env.replacements)
+    return _program(result, args, kwargs, _range_constraints(result, solution))
+
+
+def _range_constraints(result: Any, solution: Any) -> dict[Any, Any]:
+    import sympy
+
+    from exportir.export import _constraints
+    from exportir.export.signature import InputKind
+    from exportir.symbolic import ValueRanges
+
+    placeholders = result.graph_module.graph.find_nodes(op="placeholder")
+    sizes = [
+        size
+        for node, spec in zip(placeholders, result.signature.input_specs)
+        if spec.kind == InputKind.USER_INPUT and isinstance(node.meta.get("val"), torch.Tensor)
+        for size in node.meta["val"].shape
+    ]
+    ordered = _constraints.ordered_ranges(solution.ranges, sizes)
+    return {
+        expr: ValueRanges.of(r.lower, sympy.oo if r.upper == float("inf") else r.upper)
+        for expr, r in ordered.items()
+    }
 
 
 def _normalize(mod: Any, args: Any, kwargs: Any) -> tuple[torch.nn.Module, tuple, dict]:
@@ -81,7 +114,7 @@ class _FunctionModule(torch.nn.Module):
         return self.exported_function(*args, **kwargs)
 
 
-def _program(result: Any, args: tuple, kwargs: dict) -> Any:
+def _program(result: Any, args: tuple, kwargs: dict, range_constraints: Any = None) -> Any:
     from exportir.export.exported_program import ExportedProgram
 
     return ExportedProgram(
@@ -89,7 +122,7 @@ def _program(result: Any, args: tuple, kwargs: dict) -> Any:
         graph=result.graph_module.graph,
         graph_signature=result.signature,
         state_dict=result.state_dict,
-        range_constraints={},
+        range_constraints=range_constraints or {},
         module_call_graph=result.module_call_graph,
         example_inputs=(args, kwargs),
         constants=result.constants,

@@ -47,7 +47,7 @@ def export(
     if dynamic_shapes is not None:
         return _export_dynamic(mod, args, kwargs, dynamic_shapes)
     result = capture(mod, args, kwargs)
-    return _program(result, args, kwargs)
+    return _program(result, args, kwargs, result.range_constraints)
 
 
 def _export_dynamic(mod: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shapes: Any) -> Any:
@@ -117,6 +117,9 @@ class _FunctionModule(torch.nn.Module):
 def _program(result: Any, args: tuple, kwargs: dict, range_constraints: Any = None) -> Any:
     from exportir.export.exported_program import ExportedProgram
 
+    # unbacked symbols (u0 from .item(), nonzero...) keep the ranges capture found for them
+    unbacked = {k: v for k, v in (result.range_constraints or {}).items() if str(k)[:1] == "u"}
+    range_constraints = {**(range_constraints or {}), **unbacked}
     return ExportedProgram(
         root=result.graph_module,
         graph=result.graph_module.graph,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Self
 
+import sympy
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -30,8 +31,11 @@ from exportir.export._node_meta import (
     innermost_user_frame,
     source_fn_entry,
 )
-from exportir.export.fake import FakeConverter, FakeTensor, fake_like, run_fake
+from exportir.export.fake import FakeConverter, FakeTensor, fake_like, fakify, run_fake
 from exportir.fx import Graph, GraphModule, Node
+from exportir.symbolic import ShapeEnv
+
+_SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 aten = torch.ops.aten
 
@@ -57,10 +61,16 @@ SpecialRule = Callable[["Recorder", Any, tuple, dict], Any]
 class Recorder:
     """Graph-building state of one capture (or one retrace)."""
 
-    def __init__(self, *, decomposition_table: dict | None = None) -> None:
+    def __init__(
+        self, *, decomposition_table: dict | None = None, shape_env: ShapeEnv | None = None
+    ) -> None:
         self.graph = Graph()
         self.nodes: dict[int, tuple[torch.Tensor, Node]] = {}
-        self.converter = FakeConverter(on_new_constant=self._lift_constant)
+        self.shape_env = shape_env if shape_env is not None else ShapeEnv()
+        self.converter = FakeConverter(self._lift_constant, self.shape_env)
+        # symbolic values -> the node computing them, made on first use (see sym_arg)
+        self.sym_nodes: dict[int, tuple[Any, Any]] = {}
+        self.sym_by_expr: dict[Any, Any] = {}
         self.inputs: dict[Node, Lifted] = {}
         self.attr_constants: dict[int, str] = {}
         self.decomposition_table = decomposition_table
@@ -69,6 +79,8 @@ class Recorder:
         self.origin: Node | None = None  # retrace: the node being re-run (meta is copied)
         self.mode: CaptureMode | None = None
         self._lifted_count = 0
+        # cond/map/while_loop bodies by name until the graph is final (control_flow.py)
+        self.subgraphs: dict[str, GraphModule] = {}
 
     # -- inputs -------------------------------------------------------------------------
 
@@ -78,6 +90,9 @@ class Recorder:
         self.inputs[node] = lifted
         if isinstance(fake, torch.Tensor):
             self.nodes[id(fake)] = (fake, node)
+            self._track_sizes(fake, node)
+        elif isinstance(fake, _SYM_TYPES):
+            self._track_sym(fake.node, node)
         return node
 
     def add_state(self, kind: str, fqn: str, real: torch.Tensor, persistent: bool | None) -> None:
@@ -112,11 +127,52 @@ class Recorder:
     def as_arg(self, x: Any) -> Any:
         if isinstance(x, torch.Tensor):
             return self.node_for(x)
+        if isinstance(x, _SYM_TYPES):
+            return self.sym_arg(x)
+        if isinstance(x, torch.Size):
+            return [self.as_arg(s) for s in x]
         if type(x) in (list, tuple):
             return type(x)(self.as_arg(a) for a in x)
-        if isinstance(x, torch.Size):
-            return [int(s) for s in x]
         return x
+
+    # -- symbolic values ------------------------------------------------------------------
+
+    def _track_sym(self, sym_node: Any, producer: Any) -> None:
+        """``producer``: the Node computing ``sym_node``'s value, or a thunk making it."""
+        if id(sym_node) not in self.sym_nodes:
+            self.sym_nodes[id(sym_node)] = (sym_node, producer)
+        self.sym_by_expr.setdefault(sym_node.expr, producer)
+
+    def _track_sizes(self, t: torch.Tensor, node: Node) -> None:
+        for dim, size in enumerate(t.shape):
+            if isinstance(size, torch.SymInt) and not size.node.expr.is_number:
+                self._track_sym(size.node, _SymSize(self, node, dim, size))
+
+    def on_sym_op(self, target: Any, operands: tuple, out: Any) -> None:
+        """ShapeEnv listener: user code computed ``out = target(*operands)`` symbolically."""
+        self._track_sym(out, _SymOp(self, target, operands, out))
+
+    def sym_arg(self, x: Any) -> Any:
+        """The graph argument for a SymInt/SymFloat/SymBool: a literal or the node computing it."""
+        expr = x.node.expr
+        if expr.is_number or expr in (sympy.true, sympy.false):
+            return x.node.pytype(expr)
+        hit = self.sym_nodes.get(id(x.node))
+        producer = hit[1] if hit is not None and hit[0] is x.node else self.sym_by_expr.get(expr)
+        if producer is None:
+            raise ExportError(
+                f"the symbolic value {expr} reached the graph but no traced op computes it.\n"
+                f"  {innermost_user_frame()}\n"
+                "Compute it from tensor sizes (x.shape[i]) or .item() inside forward."
+            )
+        if isinstance(producer, Node):
+            return producer
+        node = producer.make()
+        self._track_sym(x.node, node)
+        self.sym_by_expr[expr] = node
+        if hit is not None:
+            self.sym_nodes[id(x.node)] = (x.node, node)
+        return node
 
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         table = self.decomposition_table
@@ -134,6 +190,9 @@ class Recorder:
                 return out
         _check_mutations(self, func, args, kwargs)
         out = run_fake(func, args, kwargs, self.converter)
+        if isinstance(out, _SYM_TYPES):  # .item(): the node binds an unbacked symbol
+            self._track_sym(out.node, self.record(func, args, kwargs, out))
+            return out
         if not _has_tensor(out):
             return out
         self.record(func, args, kwargs, out)
@@ -152,6 +211,7 @@ class Recorder:
             self._record_items(node, func, out)
         elif isinstance(out, torch.Tensor) and id(out) not in self.nodes:
             self.nodes[id(out)] = (out, node)
+            self._track_sizes(out, node)
         return node
 
     def _record_items(self, node: Node, func: Any, out: tuple | list) -> None:
@@ -163,6 +223,7 @@ class Recorder:
             )
             self._fill_meta(item_node, func, item)
             self.nodes[id(item)] = (item, item_node)
+            self._track_sizes(item, item_node)
 
     def _fill_meta(self, node: Node, func: Any, val: Any) -> None:
         origin = self.origin
@@ -175,6 +236,46 @@ class Recorder:
             node.meta["nn_module_stack"] = self.modules.current() if self.modules else {}
             node.meta["source_fn_stack"] = source_fn_entry(self.modules, self.functions, func)
         node.meta["val"] = val
+
+
+class _SymSize:
+    """Makes ``aten.sym_size.int(tensor, dim)`` when a symbolic size is first used."""
+
+    __slots__ = ("dim", "node", "rec", "val")
+
+    def __init__(self, rec: Recorder, node: Node, dim: int, val: Any) -> None:
+        self.rec, self.node, self.dim, self.val = rec, node, dim, val
+
+    def make(self) -> Node:
+        rec = self.rec
+        node = rec.graph.create_node(
+            "call_function", aten.sym_size.int, (self.node, self.dim), {}, name="sym_size_int"
+        )
+        rec._fill_meta(node, aten.sym_size.int, self.val)
+        return node
+
+
+class _SymOp:
+    """Makes ``operator.mul(a, 2)`` (etc.) when a symbolic result of user code is first used."""
+
+    __slots__ = ("operands", "out", "rec", "target")
+
+    def __init__(self, rec: Recorder, target: Any, operands: tuple, out: Any) -> None:
+        self.rec, self.target, self.operands, self.out = rec, target, operands, out
+
+    def make(self) -> Node:
+        rec = self.rec
+        args = tuple(rec.sym_arg(_wrap_sym(o)) for o in self.operands)
+        node = rec.graph.create_node(
+            "call_function", self.target, args, {}, name=getattr(self.target, "__name__", "sym")
+        )
+        rec._fill_meta(node, self.target, _wrap_sym(self.out))
+        return node
+
+
+def _wrap_sym(sym_node: Any) -> Any:
+    kind = {int: torch.SymInt, float: torch.SymFloat, bool: torch.SymBool}[sym_node.pytype]
+    return kind(sym_node)
 
 
 class CaptureMode(TorchDispatchMode):
@@ -378,26 +479,58 @@ class CaptureResult:
     in_spec: pytree.TreeSpec
     out_spec: pytree.TreeSpec
     module_call_graph: list[Any]
+    shape_env: ShapeEnv | None = None
+    range_constraints: dict[Any, Any] | None = None
 
 
-def capture(mod: torch.nn.Module, args: tuple, kwargs: dict) -> CaptureResult:
-    """Run ``mod(*args, **kwargs)`` on fakes; return the functional, lifted graph and its specs."""
+# Per flat user input: None (static), {dim: size} for a tensor (size: a sympy expression over
+# the ShapeEnv's symbols, or an int), or a sympy expression for an int input (a SymInt input).
+DimsSpec = list[Any]
+
+
+def capture(
+    mod: torch.nn.Module,
+    args: tuple,
+    kwargs: dict,
+    *,
+    shape_env: ShapeEnv | None = None,
+    symbolic_sizes: dict[int, dict[int, Any]] | None = None,
+    dims_spec: DimsSpec | None = None,
+) -> CaptureResult:
+    """Run ``mod(*args, **kwargs)`` on fakes; return the functional, lifted graph and its specs.
+
+    ``symbolic_sizes`` (``{id(example tensor): {dim: sympy expr}}``, built by
+    export/dynamic_shapes.py with symbols of ``shape_env``) or ``dims_spec`` (the same per flat
+    input position) make input dimensions symbolic.
+    """
     from exportir.export._finalize import finalize
     from exportir.export._module_state import ModuleState
+    from exportir.export._runtime_asserts import insert_runtime_asserts, range_constraints
 
-    rec = Recorder()
+    rec = Recorder(shape_env=shape_env)
     _lift_module_state(rec, mod)
     flat, in_spec = pytree.tree_flatten((args, kwargs))
-    fake_leaves = _user_inputs(rec, mod, args, kwargs, flat)
+    if symbolic_sizes:
+        dims_spec = [symbolic_sizes.get(id(leaf)) for leaf in flat]
+    fake_leaves = _user_inputs(rec, mod, args, kwargs, flat, dims_spec)
     fake_args, fake_kwargs = pytree.tree_unflatten(fake_leaves, in_spec)
-    with ModuleState(mod) as state, ModuleCalls(mod) as calls, TorchFunctions() as functions:
-        rec.modules, rec.functions = calls, functions
-        with TraceSettings(), CaptureMode(rec):
-            out = mod(*fake_args, **fake_kwargs)
-            reassigned = {fqn: rec.node_for(t) for fqn, t in state.reassigned_buffers().items()}
-    flat_out, out_spec = pytree.tree_flatten(out)
-    rec.graph.output(tuple(_output_value(rec, o) for o in flat_out))
+    env = rec.shape_env
+    env.op_listener = rec.on_sym_op  # removed in finally: symbolic arithmetic -> graph nodes
+    try:
+        with ModuleState(mod) as state, ModuleCalls(mod) as calls, TorchFunctions() as functions:
+            rec.modules, rec.functions = calls, functions
+            with TraceSettings(), CaptureMode(rec), _control_flow().ControlFlowMode():
+                out = mod(*fake_args, **fake_kwargs)
+                reassigned = {
+                    fqn: rec.node_for(t) for fqn, t in state.reassigned_buffers().items()
+                }
+        flat_out, out_spec = pytree.tree_flatten(out)
+        rec.graph.output(tuple(_output_value(rec, o) for o in flat_out))
+    finally:
+        env.op_listener = None
     gm, signature = finalize(rec, reassigned)
+    insert_runtime_asserts(gm, env)
+    _control_flow().attach_subgraphs(gm, rec.subgraphs)
     return CaptureResult(
         graph_module=gm,
         signature=signature,
@@ -406,6 +539,8 @@ def capture(mod: torch.nn.Module, args: tuple, kwargs: dict) -> CaptureResult:
         in_spec=in_spec,
         out_spec=out_spec,
         module_call_graph=_module_call_graph(mod, in_spec, out_spec, _arg_names(mod, args)),
+        shape_env=env,
+        range_constraints=range_constraints(gm, env),
     )
 
 
@@ -458,13 +593,52 @@ def _arg_names(mod: torch.nn.Module, args: tuple) -> list[str]:
         return []
 
 
+def fakify_inputs(flat_inputs: list, dims_spec: DimsSpec | None, shape_env: ShapeEnv) -> list:
+    """Fakes of the flat user inputs; dimensions named in ``dims_spec`` get symbolic sizes."""
+    specs = dims_spec if dims_spec is not None else [None] * len(flat_inputs)
+    return [_fakify_leaf(leaf, spec, shape_env) for leaf, spec in zip(flat_inputs, specs)]
+
+
+def _fakify_leaf(leaf: Any, spec: Any, env: ShapeEnv) -> Any:
+    if isinstance(leaf, torch.Tensor):
+        if not spec:
+            return fake_like(leaf)
+        sizes = [env.symint(spec[d]) if d in spec else leaf.size(d) for d in range(leaf.dim())]
+        return fakify(leaf, sizes)
+    if spec is not None and isinstance(leaf, int) and not isinstance(leaf, bool):
+        return env.symint(spec)
+    return leaf
+
+
+def mark_dynamic_for_test(
+    flat_inputs: list, names: list[str], marks: dict[int, dict[int, tuple[int, Any]]],
+    shape_env: ShapeEnv,
+) -> DimsSpec:
+    """A ``dims_spec`` giving each marked dim (input index -> {dim: (min, max)}) its own symbol.
+
+    Test-only stand-in for export/dynamic_shapes.py, which builds specs from ``Dim`` objects.
+    """
+    from exportir.symbolic import ValueRanges
+
+    spec: DimsSpec = [None] * len(flat_inputs)
+    for i, dims in marks.items():
+        spec[i] = {
+            d: shape_env.create_backed_symbol(
+                flat_inputs[i].size(d), f"{names[i]}.size()[{d}]", vr=ValueRanges.of(lo, hi)
+            )
+            for d, (lo, hi) in dims.items()
+        }
+    return spec
+
+
 def _user_inputs(
-    rec: Recorder, mod: torch.nn.Module, args: tuple, kwargs: dict, flat: list
+    rec: Recorder, mod: torch.nn.Module, args: tuple, kwargs: dict, flat: list,
+    dims_spec: Any = None,
 ) -> list:
     names = flatten_with_names(_bind_inputs(mod, args, kwargs))
+    fake_leaves = fakify_inputs(flat, dims_spec, rec.shape_env)
     fakes = []
-    for (name, _), leaf in zip(names, flat):
-        fake = fake_like(leaf) if isinstance(leaf, torch.Tensor) else leaf
+    for (name, _), leaf, fake in zip(names, flat, fake_leaves):
         if not isinstance(leaf, (torch.Tensor, int, float, bool, str, type(None))):
             raise ExportError(
                 f"input '{name}' is a {type(leaf).__name__}, which export cannot take as an "
@@ -479,6 +653,8 @@ def _user_inputs(
 def _output_value(rec: Recorder, o: Any) -> Any:
     if isinstance(o, torch.Tensor):
         return rec.node_for(o)
+    if isinstance(o, _SYM_TYPES):
+        return rec.sym_arg(o)
     if isinstance(o, (int, float, bool, str, type(None))):
         return o
     raise ExportError(
@@ -544,17 +720,26 @@ def retrace(
         node.meta.update({k: v for k, v in ph.meta.items() if k != "val"})
         env[ph] = fake
     output = None
-    with TraceSettings(), CaptureMode(rec):
+    with TraceSettings(), CaptureMode(rec), _control_flow().ControlFlowMode():
         for node in gm.graph.nodes:
             if node.op == "call_function":
                 rec.origin = node
                 env[node] = _rerun(node, env)
+            elif node.op == "get_attr":  # a cond/map/while_loop body
+                env[node] = getattr(gm, node.target)
             elif node.op == "output":
                 output = node
     rec.origin = output
     flat_out = pytree.tree_leaves(_lookup(output.args[0], env))
     rec.graph.output(tuple(_output_value(rec, o) for o in flat_out))
-    return finalize_retrace(rec)
+    return _control_flow().attach_subgraphs(finalize_retrace(rec), rec.subgraphs)
+
+
+def _control_flow() -> Any:
+    """control_flow.py captures torch.cond / map / while_loop (it builds on this module)."""
+    from exportir.export import control_flow
+
+    return control_flow
 
 
 def _lift_fresh_copy(t: torch.Tensor) -> torch.Tensor:

@@ -10,9 +10,13 @@ metadata) and the results are wrapped again. Sizes come from the twin, so once t
 and converts real tensors met inside the mode, through a memo, so one real tensor always maps to
 one fake.
 
-Ops whose result depends on tensor *data* (``.item()``, ``nonzero``, ``bool(t)``, ``tolist``)
-raise :class:`DataDependentError`, naming the user's line and the way out (``torch.cond``,
-``torch._check``).
+Ops whose result depends on tensor *data* (``.item()``, ``nonzero``, ``unique``, a custom op's
+``get_ctx().new_dynamic_size()``) produce *unbacked* symbols (``u0``) when the converter has a
+:class:`~exportir.symbolic.ShapeEnv` (an export); without one they raise
+:class:`DataDependentError`, naming the user's line and the way out.
+
+:func:`fakify` makes the fake of an input whose dimensions are symbolic (sizes ``s0``, strides
+computed from them), which is how dynamic input dimensions enter a capture.
 """
 
 from __future__ import annotations
@@ -26,13 +30,17 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
+from exportir.export._unbacked import UNBACKED_RULES, custom_fake_impl, fake_impl_context
+from exportir.symbolic import GuardOnDataDependentSymNode, ShapeEnv
+
 aten = torch.ops.aten
 _META = torch.device("meta")
 _CPU = torch.device("cpu")
 
 
-class DataDependentError(RuntimeError):
-    """An op needs the value of a tensor, which capture does not have."""
+# An op or a Python decision needs the value of a tensor, which capture does not have. One class
+# for both the static-capture error and the ShapeEnv's unbacked-guard error.
+DataDependentError = GuardOnDataDependentSymNode
 
 
 class MissingFakeImplError(RuntimeError):
@@ -73,9 +81,12 @@ class FakeTensor(torch.Tensor):
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         return run_fake(func, args, kwargs or {}, FakeConverter())
 
-    # A fake has no data: these Python entry points fail loudly instead of reading memory.
+    # A fake has no data: these Python entry points read it op by op (each element an unbacked
+    # symbol under an export) or fail loudly instead of reading memory.
     def tolist(self) -> Any:
-        raise data_dependent("Tensor.tolist()")
+        if self.dim() == 0:
+            return self.item()
+        return [self[i].tolist() for i in range(len(self))]
 
     def numpy(self, *args: Any, **kwargs: Any) -> Any:
         raise data_dependent("Tensor.numpy()")
@@ -119,13 +130,16 @@ def data_dependent(what: str) -> DataDependentError:
 class FakeConverter:
     """Memoized real -> fake conversion (one fake per real tensor, kept alive with it)."""
 
-    __slots__ = ("_memo", "on_new_constant")
+    __slots__ = ("_memo", "on_new_constant", "shape_env")
 
     def __init__(
-        self, on_new_constant: Callable[[torch.Tensor, FakeTensor], None] | None = None
+        self,
+        on_new_constant: Callable[[torch.Tensor, FakeTensor], None] | None = None,
+        shape_env: ShapeEnv | None = None,
     ) -> None:
         self._memo: dict[int, tuple[torch.Tensor, FakeTensor]] = {}
         self.on_new_constant = on_new_constant
+        self.shape_env = shape_env
 
     def register(self, real: torch.Tensor, fake: FakeTensor) -> None:
         self._memo[id(real)] = (real, fake)
@@ -151,6 +165,21 @@ def fake_like(real: torch.Tensor, *, requires_grad: bool | None = None) -> FakeT
     """A fresh fake with ``real``'s device, dtype, shape and strides."""
     with _no_modes():
         meta = torch.empty_strided(real.size(), real.stride(), dtype=real.dtype, device=_META)
+    grad = real.requires_grad if requires_grad is None else requires_grad
+    return FakeTensor(meta, real.device, requires_grad=grad)
+
+
+def fakify(real: torch.Tensor, sizes: list[Any], *, requires_grad: bool | None = None) -> FakeTensor:
+    """A fake of ``real`` whose sizes are ``sizes`` (ints / ``torch.SymInt``); strides follow the
+    real tensor's dimension order (contiguous, channels-last, transposed...), symbolically."""
+    order = sorted(range(real.dim()), key=lambda d: (real.stride(d), -d))
+    strides: list[Any] = [0] * real.dim()
+    running: Any = 1
+    for d in order:
+        strides[d] = running if real.size(d) != 1 or real.stride(d) == running else real.stride(d)
+        running = running * sizes[d]
+    with _no_modes():
+        meta = torch.empty_strided(sizes, strides, dtype=real.dtype, device=_META)
     grad = real.requires_grad if requires_grad is None else requires_grad
     return FakeTensor(meta, real.device, requires_grad=grad)
 
@@ -200,13 +229,37 @@ DATA_DEPENDENT_OPS: dict[Any, str] = {
 
 def run_fake(func: Any, args: tuple, kwargs: dict, converter: FakeConverter) -> Any:
     """Run ``func`` on the meta twins of its fake arguments and wrap the results."""
+    env = converter.shape_env
     what = DATA_DEPENDENT_OPS.get(func)
-    if what is not None:
+    if what is not None and (env is None or func not in UNBACKED_RULES):
         raise data_dependent(what)
     unwrapped = _unwrap(args, kwargs, converter)
     out_device = _result_device(func, kwargs, unwrapped.device)
-    meta_out = _call_meta(func, unwrapped)
+    if env is None:
+        meta_out = _call_meta(func, unwrapped)
+    else:
+        env.listener_paused += 1  # sizes computed inside kernels are not user arithmetic
+        try:
+            meta_out = _call_meta_symbolic(func, unwrapped, env)
+        finally:
+            env.listener_paused -= 1
     return _wrap(meta_out, unwrapped.fakes, out_device)
+
+
+def _call_meta_symbolic(func: Any, u: _Unwrapped, env: ShapeEnv) -> Any:
+    rule = UNBACKED_RULES.get(func)
+    if rule is not None:
+        with _no_modes():
+            return rule(env, *u.args, **u.kwargs)
+    kernel = custom_fake_impl(func)
+    if kernel is not None:
+        try:
+            with _no_modes(), fake_impl_context(env, func):
+                return kernel(*u.args, **u.kwargs)
+        except RuntimeError as err:
+            if not _is_missing_kernel(err):
+                raise
+    return _call_meta(func, u)
 
 
 def _unwrap(args: tuple, kwargs: dict, converter: FakeConverter) -> _Unwrapped:

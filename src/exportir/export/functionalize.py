@@ -397,7 +397,7 @@ class Functionalizer:
     # -- emitting nodes ----------------------------------------------------------------------
 
     def emit(self, target: Any, args: tuple, kwargs: dict, val: Any = None) -> Node:
-        name = target.__name__ if target is operator.getitem else target.overloadpacket.__name__
+        name = getattr(target, "overloadpacket", target).__name__  # getitem, cond, map_impl...
         node = self.new.create_node("call_function", target, args, kwargs, name=name)
         if self.origin is not None:
             for key in _META_KEYS:

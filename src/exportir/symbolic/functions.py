@@ -36,6 +36,9 @@ class FloorDiv(sympy.Function):
             return _divide_exact_terms(a, int(b))
         if a == b:
             return sympy.S.One
+        quotient = sympy.cancel(a / b)  # (6*s0)//(2*s0) = 3
+        if quotient.is_integer:
+            return quotient
         return None
 
     def _sympystr(self, printer: sympy.printing.StrPrinter) -> str:
@@ -69,6 +72,8 @@ class PyMod(sympy.Function):
             return sympy.S.Zero
         if _is_int(a) and _is_int(b):
             return sympy.Integer(int(a) % int(b))
+        if sympy.cancel(a / b).is_integer:
+            return sympy.S.Zero
         if _is_int(b):
             terms = [t for t in sympy.Add.make_args(a) if not _multiple_of(t, int(b))]
             if len(terms) < len(sympy.Add.make_args(a)):
@@ -137,7 +142,7 @@ def evaluate(expr: sympy.Basic, values: dict[sympy.Symbol, int | float | bool]) 
     return to_python(out)
 
 
-def _number(v: int | float | bool) -> sympy.Basic:
+def _number(v: float | bool) -> sympy.Basic:
     if isinstance(v, bool):
         return sympy.true if v else sympy.false
     return sympy.Integer(v) if isinstance(v, int) else sympy.Float(v)

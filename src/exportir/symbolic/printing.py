@@ -49,7 +49,7 @@ class _PythonPrinter(StrPrinter):
         return "False"
 
 
-def _binary(op: str):  # noqa: ANN202  (a small printer-rule factory)
+def _binary(op: str):
     def rule(p: _PythonPrinter, e: sympy.Basic) -> str:
         a, b = (p.parenthesize(x, 50) for x in e.args)
         return f"({a} {op} {b})"

@@ -73,7 +73,9 @@ class RuntimeAssert:
 class GuardOnDataDependentSymNode(RuntimeError):
     """A Python decision needs the value of a data-dependent (unbacked) symbol."""
 
-    def __init__(self, message: str, cond: sympy.Basic, frame: UserFrame | None) -> None:
+    def __init__(
+        self, message: str, cond: sympy.Basic | None = None, frame: UserFrame | None = None
+    ) -> None:
         super().__init__(message)
         self.cond = cond
         self.frame = frame
@@ -190,7 +192,7 @@ class ShapeEnv:
         if new.is_singleton() and new.lower.is_Integer:
             self.replacements[sym] = new.lower
 
-    def constrain_size_like(self, expr: sympy.Basic, max: object = oo) -> None:  # noqa: A002
+    def constrain_size_like(self, expr: sympy.Basic, max: object = oo) -> None:
         """A size-like unbacked symbol: ``>= 0`` (and treated as ``>= 2`` size-obliviously)."""
         if isinstance(expr, sympy.Symbol) and self.is_unbacked_symint(expr):
             self.size_like.add(expr)

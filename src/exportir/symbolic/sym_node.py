@@ -84,7 +84,7 @@ _UNARY: dict[str, tuple[Callable[..., sympy.Basic], type | None, Callable[..., A
 class SymNode:
     """A symbolic value: ``expr`` over the ShapeEnv's symbols, of Python type ``pytype``."""
 
-    __slots__ = ("_expr", "shape_env", "pytype", "_hint", "constant", "__weakref__")
+    __slots__ = ("__weakref__", "_expr", "_hint", "constant", "pytype", "shape_env")
 
     def __init__(self, expr: sympy.Basic, shape_env: ShapeEnv, pytype: type, hint: Any = _NO_HINT) -> None:
         self._expr = expr

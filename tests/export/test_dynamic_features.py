@@ -174,7 +174,7 @@ def nested_io(xs, d):
     return xs[0] + xs[1] * d["a"]
 
 
-def kw_io(x, *, scale):
+def kw_io(x, scale):
     return x * scale
 
 
@@ -263,14 +263,15 @@ FEATURES = [
     Feature("same_dim_twice", _fn(plain_add), lambda n: (r(n, 3), r(n, 3)), lambda d: ({0: d["b"]}, {0: d["b"]}), "b = Dim('b')"),
     Feature("shape_if", _fn(shape_if), lambda n: (r(n, 2),), lambda d: {"x": {0: d["dx"]}}, "dx = Dim('dx', min=3)"),
     Feature("shape_assert", _fn(shape_assert), lambda n: (r(n),), lambda d: ({0: d["dx"]},), "dx = Dim('dx', min=4)", (5, 4, 9)),
-    Feature("slice_half", _fn(slice_half), lambda n: (r(n, 2),), lambda d: ({0: d["dx"]},), "dx = Dim('dx')"),
+    Feature("slice_half", _fn(slice_half), lambda n: (r(n, 2),), lambda d: ({0: d["dx"]},), "dx = Dim('dx')", torch_ok=False),  # torch: guards on s // 2
     Feature("view_batch", _fn(view_batch), lambda n: (r(n, 2, 3),), lambda d: ({0: d["dx"]},), "dx = Dim('dx')"),
     Feature("constructor", _fn(constructor), lambda n: (r(n, 3),), lambda d: ({0: d["dx"]},), "dx = Dim('dx')"),
     Feature("arange", _fn(arange_add), lambda n: (r(n),), lambda d: ({0: d["dx"]},), "dx = Dim('dx')"),
     Feature("derived_plus_one", _fn(shifted), lambda n: (r(n + 1), r(n)), lambda d: ({0: d["dy"] + 1}, {0: d["dy"]}), "dy = Dim('dy')"),
     Feature("derived_times_two", _fn(flat_add), lambda n: (r(n, 2), r(2 * n)), lambda d: ({0: d["dx"]}, {0: 2 * d["dx"]}), "dx = Dim('dx')"),
     Feature("derived_phantom_root", _fn(mul_two), lambda n: (r(2 * n),), lambda d: ({0: 2 * d["dx"]},), "dx = Dim('dx')", (3, 4, 8)),
-    Feature("derived_minus_one", _fn(shifted), lambda n: (r(n), r(n - 1)), lambda d: ({0: d["dx"]}, {0: d["dx"] - 1}), "dx = Dim('dx', min=2)"),
+    # torch 2.13 fails on dx - 1 while rendering its own range check (KeyError 'max')
+    Feature("derived_minus_one", _fn(shifted), lambda n: (r(n), r(n - 1)), lambda d: ({0: d["dx"]}, {0: d["dx"] - 1}), "dx = Dim('dx', min=2)", torch_ok=False),
     Feature("auto_all", _fn(plain_add), lambda n: (r(n, 3), r(n, 3)), lambda d: ({0: Dim_(d).AUTO, 1: Dim_(d).AUTO}, {0: Dim_(d).AUTO, 1: Dim_(d).AUTO}), "", (4, 7, 9)),
     Feature("auto_specializes", _fn(view4), lambda n: (r(4, n),), lambda d: ({0: Dim_(d).AUTO, 1: Dim_(d).AUTO},), "", (6, 3, 8)),
     Feature("auto_relation", _fn(shifted), lambda n: (r(n + 1), r(n)), lambda d: ({0: Dim_(d).AUTO}, {0: Dim_(d).AUTO})),
@@ -299,7 +300,8 @@ FEATURES = [
     Feature("buffer_broadcast", WithBuffer, lambda n: (r(n, 3),), lambda d: ({0: d["b"]},), "b = Dim('b')"),
     Feature("sdpa_seq", _fn(sdpa), lambda n: (r(2, 2, n, 4), r(2, 2, n, 4), r(2, 2, n, 4)), lambda d: ({2: d["s"]}, {2: d["s"]}, {2: d["s"]}), "s = Dim('s')"),
     Feature("mha_seq", Attention, lambda n: (r(2, n, 8),), lambda d: ({1: d["s"]},), "s = Dim('s')"),
-    Feature("index_select_step", _fn(index_sel), lambda n: (r(n, 2),), lambda d: ({0: d["dx"]},), "dx = Dim('dx')"),
+    # torch guards the length of arange(0, s, 2) (s >= 3); exportir's arange length needs none
+    Feature("index_select_step", _fn(index_sel), lambda n: (r(n, 2),), lambda d: ({0: d["dx"]},), "dx = Dim('dx')", torch_ok=False),
     Feature("transpose", _fn(transpose_add), lambda n: (r(n, 3), r(3, n)), lambda d: ({0: d["dx"]}, {1: d["dx"]}), "dx = Dim('dx')"),
     Feature("chunk", _fn(chunked), lambda n: (r(n, 4),), lambda d: ({0: d["dx"]},), "dx = Dim('dx')"),
     Feature("cumsum", _fn(cumsum_dyn), lambda n: (r(n, 2),), lambda d: ({0: d["dx"]},), "dx = Dim('dx')"),
@@ -367,6 +369,31 @@ def _canonical_ranges(ep: Any) -> dict[str, str]:
     return out
 
 
+def _input_dim_ranges(ep: Any) -> list[str]:
+    """The range each user input dimension may take (``bound`` of its size over the ranges)."""
+    from exportir.symbolic import ValueRanges, bound
+
+    ranges = {s: ValueRanges.of(vr.lower, vr.upper) for e, vr in ep.range_constraints.items() if e.is_Symbol for s in [e]}
+    out = []
+    for node in ep.graph.nodes:
+        val = node.meta.get("val") if node.op == "placeholder" else None
+        for size in getattr(val, "shape", ()):
+            expr = getattr(getattr(size, "node", None), "expr", None)
+            out.append(str(bound(expr, ranges)) if expr is not None else str(size))
+    return out
+
+
+# Known differences in range_constraints' keys (ours, torch's), with the reason; asserted exactly.
+RANGE_KEY_DIFFERENCES: dict[str, tuple[dict, dict]] = {
+    # Eq(s0 - 1, s1): our ShapeEnv replaces the newer symbol (y: s0 - 1), torch the one with the
+    # larger hint (x: s0 + 1). Each input dim has the same range either way (checked above).
+    "auto_relation": (
+        {"a0": "VR[3, int_oo]", "a0 - 1": "VR[2, int_oo]"},
+        {"a0 + 1": "VR[3, int_oo]", "a0": "VR[2, int_oo]"},
+    ),
+}
+
+
 def _check_numerics(feature: Feature, mod: nn.Module, ep: Any) -> None:
     module = ep.module()
     for n in feature.sizes:
@@ -392,7 +419,12 @@ def test_feature_matches_torch(feature: Feature):
     if not feature.torch_ok:
         return
     tep = _torch_export(mod, args, kwargs, feature.spec(_namespace(texport.Dim, feature, args, kwargs)))
-    assert _canonical_ranges(ep) == _canonical_ranges(tep)
+    assert _input_dim_ranges(ep) == _input_dim_ranges(tep)
+    if feature.name in RANGE_KEY_DIFFERENCES:
+        assert _canonical_ranges(ep) == RANGE_KEY_DIFFERENCES[feature.name][0]
+        assert _canonical_ranges(tep) == RANGE_KEY_DIFFERENCES[feature.name][1]
+    else:
+        assert _canonical_ranges(ep) == _canonical_ranges(tep)
     ours_in, ours_out = h.signature_rows(ep)
     torch_in, torch_out = h.signature_rows(tep)
     assert ours_in == torch_in

@@ -265,7 +265,7 @@ def test_solver_auto_dims_take_what_the_guards_imply():
     table = C.SymbolTable((_info(s0, 5, X0, Dim.AUTO), _info(s1, 4, Y0, Dim.AUTO), _info(s2, 6, "L['z'].size()[0]", Dim.AUTO)))
     sol = C.solve(table, [G(sympy.Eq(s0 - 1, s1)), G(sympy.Eq(s2, 6)), G(sympy.Le(s1, 9))])
     assert sol.replacements == {s0: s1 + 1, s2: 6}
-    assert sol.ranges == {s1: C.Range(2, 9)}
+    assert sol.ranges == {s1: C.Range(2, 9), s1 + 1: C.Range(3, 10)}
 
 
 def test_solver_reads_shape_env_replacements_and_negations():

@@ -183,6 +183,16 @@ class _Facts:
                 return True
         return False
 
+    def add_replacement(self, symbol: sympy.Symbol, value: sympy.Expr, frame: Any) -> None:
+        """A substitution the ShapeEnv already made (its orientation is the graph's)."""
+        value = sympy.expand(self.resolve(value))
+        if symbol in self.subst or symbol in value.free_symbols:
+            return
+        if value.free_symbols <= set(self.order) and len(value.free_symbols) <= 1:
+            self._substitute(symbol, value, frame)
+        else:
+            self.add_equality(symbol - value, frame)
+
     def _substitute(self, target: sympy.Symbol, value: sympy.Expr, frame: Any) -> None:
         self.subst = {k: v.xreplace({target: value}) for k, v in self.subst.items()}
         self.subst[target] = value
@@ -259,13 +269,28 @@ def _split(guards: Iterable[Any]) -> Iterable[_Part]:
                 yield _Part(expr, getattr(guard, "frame", None))
 
 
-def _collect(table: SymbolTable, guards: Iterable[Any], replacements: Mapping) -> _Facts:
+def _frame_mentioning(parts: Sequence[_Part], symbol: sympy.Symbol) -> Any:
+    """The frame of the first guard about ``symbol`` that fixed it (an equality, else any)."""
+    about = [p for p in parts if symbol in getattr(p.expr, "free_symbols", ())]
+    eq = [p for p in about if isinstance(p.expr, sympy.Eq)]
+    for p in (*eq, *about):
+        if p.frame is not None:
+            return p.frame
+    return None
+
+
+def _collect(table: SymbolTable, guards: Iterable[Any], replacements: Mapping, *, follow_env: bool) -> _Facts:
     facts = _Facts(table)
-    for symbol, value in replacements.items():
+    parts = list(_split(guards))
+    for symbol, value in replacements.items():  # the ShapeEnv's orientation: the graph uses it
         if symbol in facts.order:
-            facts.add_equality(symbol - value, None)
+            frame = _frame_mentioning(parts, symbol)
+            if follow_env:
+                facts.add_replacement(symbol, value, frame)
+            else:
+                facts.add_equality(symbol - value, frame)
     pending = []
-    for guard in _split(guards):
+    for guard in parts:
         parts = _relation_parts(guard.expr)
         if parts is None:
             continue
@@ -433,10 +458,15 @@ def solve(
     with ``filename``, ``lineno``, ``name``, ``code``; may be None). ``replacements`` are
     substitutions the ShapeEnv already made (``s1 -> s0``), treated as equality guards.
     """
-    facts = _collect(table, guards, replacements or {})
+    guards = list(guards)
+    facts = _collect(table, guards, replacements or {}, follow_env=True)
     checker = _Checker(table, facts)
     checker.run()
     if checker.violations:
+        # explain with torch's orientation of relations (the symbol with the larger hint is
+        # expressed through the other: dx = dy + 1), whatever the ShapeEnv chose
+        checker = _Checker(table, _collect(table, guards, replacements or {}, follow_env=False))
+        checker.run()
         raise UserError(UserErrorType.CONSTRAINT_VIOLATION, checker.message())
     return Solution(dict(facts.subst), _final_ranges(table, facts))
 
@@ -448,10 +478,10 @@ def _final_ranges(table: SymbolTable, facts: _Facts) -> dict[sympy.Expr, Range]:
             continue
         implied = facts.ranges[info.symbol]
         user = info.user_range()
-        if info.spec.kind == "named":
-            ranges[info.symbol] = user  # the spec implies the guards: it is the range
-        elif info.phantom:
+        if info.phantom:
             ranges[info.symbol] = Range(max(user.lower, _DEFAULT_LOW), user.upper)
+        elif info.spec.kind == "named":
+            ranges[info.symbol] = user  # the spec implies the guards: it is the range
         else:
             ranges[info.symbol] = user & implied
     substituted = [(info.symbol, info.spec) for info in table.symbols if info.symbol in facts.subst]

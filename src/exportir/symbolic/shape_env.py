@@ -99,7 +99,8 @@ def user_frame() -> UserFrame | None:
 
 
 def _is_bool(expr: sympy.Basic) -> bool:
-    return isinstance(expr, sympy.logic.boolalg.Boolean)
+    boolalg = sympy.logic.boolalg  # (a sympy Symbol is a Boolean too: check the heads)
+    return isinstance(expr, (sympy.Rel, boolalg.BooleanFunction, boolalg.BooleanAtom))
 
 
 # listener(target, operand nodes, result node): the capture recorder records symbolic arithmetic

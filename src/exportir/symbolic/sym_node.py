@@ -212,7 +212,8 @@ class SymNode:
         return SymNode(sympy.Eq(sympy.floor(self.expr), self.expr), self.shape_env, bool, hint)
 
     def sym_sum(self, args: list[SymNode]) -> SymNode:
-        out = self
+        """The sum of ``args`` (``self`` only supplies the ShapeEnv, as in torch)."""
+        out = self.wrap_int(0)
         for a in args:
             out = out.add(a)
         return out

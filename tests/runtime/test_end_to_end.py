@@ -104,3 +104,12 @@ def test_same_model_same_bytes_and_outputs_do_not_alias():
     a = method(*args, **kwargs)
     b = method(*[x + 1 for x in args], **kwargs)
     assert not torch.equal(_tensors(a)[0], _tensors(b)[0])
+
+
+def test_batch_norm_eval_runs_without_resize_warnings(capfd):
+    method = Program.load(_compile("cnn_bn_eval")).method()
+    _, args, kwargs = build(BY_NAME["cnn_bn_eval"])
+    capfd.readouterr()
+    method(*args, **kwargs)
+    method(*args, **kwargs)
+    assert "resized" not in capfd.readouterr().err

@@ -82,6 +82,8 @@ class Kernel:
     says the instruction carries one extra trailing value index that receives ``fn``'s return.
     ``converters`` turn stored argument values into what ``fn`` takes (dtype codes into
     ``torch.dtype``, ...); the runtime applies them once to arguments that never change.
+    ``empties`` are out positions the kernel may leave with no elements (see
+    :data:`EMPTIED_OUTS`); the runtime resizes them to zero elements before each call.
     """
 
     name: str
@@ -90,6 +92,7 @@ class Kernel:
     writes: tuple[int, ...] = ()
     result_slot: bool = False
     converters: tuple[tuple[int, Converter], ...] = ()
+    empties: tuple[int, ...] = ()
 
     @property
     def num_value_args(self) -> int:
@@ -126,6 +129,16 @@ def _lookup_torch_op(name: str) -> torch._ops.OpOverload | None:
         return None
 
 
+# Out arguments that ATen's CPU kernels leave empty although the meta kernels (and so memory
+# planning) give them a shape: batch norm's save_mean / save_invstd outside training. ATen
+# resizes an out with elements and warns; emptied first, the out is resized silently (inside its
+# planned bytes, which the runtime checks).
+EMPTIED_OUTS: Mapping[str, tuple[str, ...]] = {
+    "aten::_native_batch_norm_legit_no_training.out": ("out1", "out2"),
+    "aten::native_batch_norm.out": ("save_mean", "save_invstd"),
+}
+
+
 def kernel_from_op(name: str, op: torch._ops.OpOverload) -> Kernel:
     """Wrap an ATen (or custom) ``OpOverload`` in the instruction calling convention."""
     arguments = op._schema.arguments
@@ -149,7 +162,9 @@ def kernel_from_op(name: str, op: torch._ops.OpOverload) -> Kernel:
     converters = tuple(
         (i, fn) for i, fn in ((i, _converter(a)) for i, a in enumerate(arguments)) if fn
     )
-    return Kernel(name, fn, len(arguments), writes, not writes, converters)
+    emptied = EMPTIED_OUTS.get(name, ())
+    empties = tuple(i for i, a in enumerate(arguments) if a.name in emptied)
+    return Kernel(name, fn, len(arguments), writes, not writes, converters, empties)
 
 
 def _value_kernel(name: str, arity: int, fn: Callable[..., object]) -> Kernel:

@@ -23,7 +23,7 @@ op, the graph node and the user's source line (from the method's debug table).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -251,7 +251,11 @@ class Method:
         written = tuple(
             i for pos in kernel.writes for i in self._list_items_or_self(operands[pos])
         )
-        outs = self._writes(pc, written)
+        emptied = {operands[pos] for pos in kernel.empties}
+        outs = tuple(
+            replace(o, dynamic=True) if o.value in emptied else o
+            for o in self._writes(pc, written)
+        )
         result = args[-1] if kernel.result_slot else None
         result_out = self._writes(pc, (result,)) if result is not None else ()
         step = _kernel_step(self, pc, kernel, operands, outs, result, result_out)

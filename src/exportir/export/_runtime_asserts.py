@@ -129,9 +129,9 @@ def _new_unbacked(node: Node, env: ShapeEnv, known: dict) -> list[tuple[sympy.Sy
     return found
 
 
-def insert_runtime_asserts(gm: GraphModule, env: ShapeEnv) -> None:
-    """Add the range facts and ``torch._check`` conditions of unbacked symbols to ``gm``."""
-    graph = gm.graph
+def insert_runtime_asserts(graph: Graph, env: ShapeEnv) -> None:
+    """Add the range facts and ``torch._check`` conditions of unbacked symbols to ``graph``
+    (the recorded graph, before dead-code elimination: asserts keep their inputs alive)."""
     emitter = _Emitter(graph, env)
     pending = list(dict.fromkeys(ra.expr for ra in env.deferred_runtime_asserts))
     done: set[sympy.Basic] = set()
@@ -157,7 +157,6 @@ def insert_runtime_asserts(gm: GraphModule, env: ShapeEnv) -> None:
                     done.add(expr)
                     emitter.assert_true(expr)
     graph.lint()
-    gm.recompile()
 
 
 def _bind_backed(node: Node, env: ShapeEnv, symbols: dict) -> None:

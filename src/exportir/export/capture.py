@@ -528,8 +528,8 @@ def capture(
         rec.graph.output(tuple(_output_value(rec, o) for o in flat_out))
     finally:
         env.op_listener = None
+    insert_runtime_asserts(rec.graph, env)
     gm, signature = finalize(rec, reassigned)
-    insert_runtime_asserts(gm, env)
     _control_flow().attach_subgraphs(gm, rec.subgraphs)
     return CaptureResult(
         graph_module=gm,

@@ -14,13 +14,13 @@ def _env(hint=4):
 
 
 def test_arithmetic_prints_like_torch():
-    env, n = _env()
+    _, n = _env()
     assert [str(v) for v in (n, n * 2, n + 1, (n * 2) // 2, n - 1)] == ["s0", "2*s0", "s0 + 1", "s0", "s0 - 1"]
     assert (n * 6) // (n * 2) == 3
 
 
 def test_guard_refines_range_and_records_user_line():
-    env, n = _env()
+    _, n = _env()
     assert bool(n > 3)
     assert str(env.var_to_range[sympy.Symbol("s0", integer=True, positive=True)]) == "VR[4, int_oo]"
     (g,) = env.guards
@@ -29,7 +29,7 @@ def test_guard_refines_range_and_records_user_line():
 
 
 def test_equality_guard_adds_replacement():
-    env, n = _env()
+    _, n = _env()
     s1 = env.create_backed_symbol(5, "y.size()[0]")
     m = env.symint(s1)
     assert bool(m == n + 1)
@@ -43,7 +43,7 @@ def test_int_specializes():
 
 
 def test_meta_kernels_compute_symbolically():
-    env, n = _env()
+    _, n = _env()
     with torch._C._EnablePythonDispatcher():
         m = torch.empty_strided((n, 6), (6, 1), device="meta")
         assert str(m.view(-1).shape) == "torch.Size([6*s0])"

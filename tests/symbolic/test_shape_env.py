@@ -20,7 +20,7 @@ def test_arithmetic_prints_like_torch():
 
 
 def test_guard_refines_range_and_records_user_line():
-    _, n = _env()
+    env, n = _env()
     assert bool(n > 3)
     assert str(env.var_to_range[sympy.Symbol("s0", integer=True, positive=True)]) == "VR[4, int_oo]"
     (g,) = env.guards
@@ -29,7 +29,7 @@ def test_guard_refines_range_and_records_user_line():
 
 
 def test_equality_guard_adds_replacement():
-    _, n = _env()
+    env, n = _env()
     s1 = env.create_backed_symbol(5, "y.size()[0]")
     m = env.symint(s1)
     assert bool(m == n + 1)

@@ -20,7 +20,7 @@ from corpus import export_models as em
 
 import exportir.export as ours
 from exportir import pytree
-from exportir.export.dynamic_shapes import Dim
+from exportir.export.dynamic_shapes import Dim, ShapesCollection
 
 EXPORT_BATCH = 3
 RUN_BATCHES = (1, 7, 64)
@@ -29,14 +29,24 @@ RUN_BATCHES = (1, 7, 64)
 STATIC_BATCH: dict[str, str] = {
     "gpt_kv_cache": "the KV cache buffers have batch 1",
     "slice_kv_cache": "the cache buffer has batch 1",
-    "buffer_inplace": "the input is added in place into a (3, 4) buffer",
     "buffer_slice_assign": "the input is written into a fixed-size buffer slice",
-    "buffer_reassign": "the buffer is reassigned from the input: its shape must stay fixed",
-    "conv_transpose": "the second input's first dim is not a batch",
-    "gru_bidirectional": "h0's dim 0 is layers*directions, not the batch",
-    "indexing_ops": "index tensors address fixed rows",
-    "namedtuple_io": "the pair's tensors are multiplied as matrices (3x2 with 2x3)",
 }
+
+
+# capture bugs with symbolic sizes (ShapeEnv / fake tensors, owner "sym"); strict: a fix
+# makes the test fail until the entry is removed
+SYMBOLIC_CAPTURE_GAPS: dict[str, str] = {
+    "cnn_bn_train": "batch_norm training meta: SymIntArrayRef expected to contain only concrete integers",
+    "resnet_tiny_train": "batch_norm training meta: SymIntArrayRef expected to contain only concrete integers",
+    "gru_bidirectional": "IndexError in fx/graph_module.py while building the graph",
+    "gpt_kv_cache": "index_copy_ meta check on s0 vs 1 raises instead of specializing (guard Eq(s0, 1))",
+    "slice_kv_cache": "expand meta check on s0 vs 1 raises instead of specializing",
+    "buffer_slice_assign": "expand meta check on s0 vs 2 raises instead of specializing",
+    "view_ops": "view meta check 12*s0 vs 24 raises instead of specializing (guard Eq(s0, 2))",
+    "aliasing_outputs": "view meta check 3*s1 vs 6 raises instead of specializing",
+}
+# example inputs that cannot be resized generically (their values address fixed rows)
+NOT_RESIZABLE = {"indexing_ops": "index tensors address rows 0..2"}
 
 
 def _batched(args: Any, kwargs: Any) -> tuple[list, list, Any, int]:
@@ -63,16 +73,15 @@ def _inputs_at(args: Any, kwargs: Any, b: int, seed: int) -> tuple[tuple, dict]:
     return pytree.tree_unflatten(new, spec)
 
 
-def _spec(mod: Any, args: tuple, kwargs: dict, dim_cls: Any) -> Any:
-    """AUTO on dim 0 of every batch-carrying tensor, laid out like the inputs (by arg name)."""
-    from exportir.export.dynamic_shapes import combine_args
-
+def _spec(mod: Any, args: tuple, kwargs: dict, collection_cls: Any, dim_cls: Any) -> Any:
+    """AUTO on dim 0 of every batch-carrying tensor, laid out like the inputs by a
+    ShapesCollection (ours or torch's)."""
     leaves, marked, _, _ = _batched(args, kwargs)
-    auto = {id(x): {0: dim_cls.AUTO} for x, m in zip(leaves, marked) if m}
-    return {
-        name: pytree.tree_map(lambda x: auto.get(id(x)) if isinstance(x, torch.Tensor) else None, value)
-        for name, value in combine_args(mod, args, kwargs).items()
-    }
+    sc = collection_cls()
+    for x, m in zip(leaves, marked):
+        if m:
+            sc[x] = {0: dim_cls.AUTO}
+    return sc.dynamic_shapes(mod, args, kwargs)
 
 
 def _dynamic_inputs(ep: Any) -> bool:
@@ -84,25 +93,30 @@ def _dynamic_inputs(ep: Any) -> bool:
 
 
 @pytest.mark.parametrize("entry", em.ENTRIES, ids=lambda e: e.name)
-def test_corpus_dynamic_batch(entry):
+def test_corpus_dynamic_batch(entry, request):
+    if entry.name in NOT_RESIZABLE:
+        pytest.skip(NOT_RESIZABLE[entry.name])
+    if entry.name in SYMBOLIC_CAPTURE_GAPS:
+        request.applymarker(pytest.mark.xfail(reason=SYMBOLIC_CAPTURE_GAPS[entry.name], strict=True))
     mod, args0, kwargs0 = em.build(entry)
     if not _batched(args0, kwargs0)[0] or not any(_batched(args0, kwargs0)[1]):
         pytest.skip("no tensor input")
     args, kwargs = _inputs_at(args0, kwargs0, EXPORT_BATCH, seed=1)
-    spec = _spec(mod, args, kwargs, Dim)
+    spec = _spec(mod, args, kwargs, ShapesCollection, Dim)
     ep = ours.export(h.deepcopy_module(mod), args, kwargs, dynamic_shapes=spec)
     dynamic = _dynamic_inputs(ep)
     assert dynamic == (entry.name not in STATIC_BATCH), f"{entry.name}: dynamic batch = {dynamic}"
     if not dynamic:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            tep = texport.export(h.deepcopy_module(mod), args, kwargs, dynamic_shapes=_spec(mod, args, kwargs, texport.Dim))
+            tep = texport.export(h.deepcopy_module(mod), args, kwargs, dynamic_shapes=_spec(mod, args, kwargs, texport.ShapesCollection, texport.Dim))
         assert not _dynamic_inputs(tep), f"{entry.name}: torch keeps the batch dynamic"
         return
     module = ep.module()
+    eager = h.deepcopy_module(mod)  # state (buffers) evolves across the calls on both sides
     for b in RUN_BATCHES:
         run_args, run_kwargs = _inputs_at(args0, kwargs0, b, seed=b)
-        eager_mod = h.deepcopy_module(mod)
-        expected = eager_mod(*run_args, **run_kwargs)
+        eager_args, eager_kwargs = _inputs_at(args0, kwargs0, b, seed=b)  # inputs may be mutated
+        expected = eager(*eager_args, **eager_kwargs)
         got = module(*run_args, **run_kwargs)
         h.assert_same_tree(got, expected, f"{entry.name} at batch {b}")

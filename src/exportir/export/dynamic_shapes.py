@@ -413,9 +413,11 @@ def _walk(tree: Any, spec: Any, path: tuple, out: list[tuple[tuple, Any, Any]]) 
     kind, keys, children = node
     where, at = f"`inputs{_keystr(path)}`", f"`dynamic_shapes{_keystr(path)}`"
     spec_kind = _SPEC_KIND.get(type(spec))
-    if spec_kind is None:
+    if spec_kind is None and type(spec) is not type(tree):
         raise _mismatch(f"{where} is a {type(tree)}, but {at} is not")
-    if spec_kind != kind and not (kind == "other" and spec_kind in ("tuple", "list")):
+    if kind == "other" and type(spec) is type(tree):
+        spec = _children(spec)[2]  # a spec built like the input class (a namedtuple of specs)
+    elif spec_kind != kind and not (kind == "other" and spec_kind in ("tuple", "list")):
         raise _mismatch(f"{where} is a {type(tree)}, but {at} is a {type(spec)}")
     if len(spec) != len(children):
         raise _mismatch(f"{where} has {len(children)} elements, but {at} has {len(spec)} elements")

@@ -6,9 +6,9 @@ older torch (``arg0_1`` placeholders, ``#users``, ``return [add]``, no ``Graph s
 section), the test asserts what torch 2.13 prints for the same program and says so; torch 2.13
 is run in the same test as the anchor wherever it can export the example.
 
-Examples that need features of the next issue (dynamic shapes, data-dependent sizes, ``cond``)
-assert exportir's current error for now: the type and a message naming the missing feature.
-They are real tests: when the feature lands they fail and are rewritten to the seed's output.
+Failing examples (data-dependent control flow without ``torch.cond`` / ``torch._check``)
+assert the error type and message: torch's ``GuardOnDataDependentSymNode`` text, plus the
+user's line and the suggested fix.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -137,7 +138,10 @@ def test_000_call_function_metadata() -> None:
     helper_add = [n for n in nodes if n.target is torch.ops.aten.add.Tensor and n.args[1] == 1]
     assert len(helper_add) == 1
     trace = helper_add[0].meta["stack_trace"]
-    assert re.match(r'File ".*test_seed_examples\.py", line \d+, in forward\n    return self\.sequential\(x\) \+ dummy_helper\(y\)', trace), trace
+    this_file = re.escape(Path(__file__).name)
+    assert re.match(
+        rf'File ".*{this_file}", line \d+, in forward\n    return self\.sequential\(x\) \+ dummy_helper\(y\)', trace
+    ), trace
 
 
 def test_000_placeholder_and_output_nodes() -> None:
@@ -173,17 +177,29 @@ class CondOnInput(nn.Module):
         return cond(y, true_fn, false_fn, [x])
 
 
+COND_GRAPH_TORCH_2_13 = """
+    graph():
+        %x : [num_users=1] = placeholder[target=x]
+        %y : [num_users=1] = placeholder[target=y]
+        %true_graph_0 : [num_users=1] = get_attr[target=true_graph_0]
+        %false_graph_0 : [num_users=1] = get_attr[target=false_graph_0]
+        %cond : [num_users=1] = call_function[target=torch.ops.higher_order.cond](args = (%y, %true_graph_0, %false_graph_0, (%x,)), kwargs = {})
+        %getitem : [num_users=1] = call_function[target=operator.getitem](args = (%cond, 0), kwargs = {})
+        return (getitem,)
+"""
+
+
 def test_000_get_attr_reads_cond_branches() -> None:
-    # torch 2.13 (the anchor): get_attr nodes read true_graph_0 / false_graph_0 (the seed's
-    # ``x_1``/``y_1`` placeholder names are now ``x``/``y``, and a getitem follows the cond).
+    # The seed's graph has ``x_1``/``y_1`` placeholders, ``[x_1]`` operands and returns the cond
+    # directly; torch 2.13 names placeholders ``x``/``y``, passes a tuple and adds a getitem.
     args = (torch.randn(3), torch.tensor(True))
-    theirs = _torch(CondOnInput(), args)
-    assert [(n.op, n.target) for n in theirs.graph.nodes if n.op == "get_attr"] == [
-        ("get_attr", "true_graph_0"), ("get_attr", "false_graph_0"),
-    ]
-    # cond is the next issue's: exportir says so for now.
-    with pytest.raises(NotImplementedError, match="cond"):
-        _export(CondOnInput(), args)
+    ep = _export(CondOnInput(), args)
+    assert str(ep.graph).splitlines() == _text(COND_GRAPH_TORCH_2_13)
+    assert str(ep.graph).splitlines() == str(_torch(CondOnInput(), args).graph).splitlines()
+    module = ep.module()
+    x = args[0]
+    torch.testing.assert_close(module(x, torch.tensor(True)), x.sin())
+    torch.testing.assert_close(module(x, torch.tensor(False)), x.cos())
 
 
 def add_one(x):
@@ -226,19 +242,23 @@ def test_000_val_of_multi_output_op_is_a_tuple() -> None:
     h.assert_same_tree(ep.module()(x), F.max_pool2d(x, 2, return_indices=True), "max_pool2d_with_indices")
 
 
-def test_000_sym_size_val_needs_dynamic_shapes() -> None:
-    """``aten::sym_size`` has a SymInt val only with a dynamic dimension: the next issue."""
+class SizeUser(nn.Module):
+    def forward(self, x):
+        return x.new_zeros(x.shape[0])
+
+
+def test_000_sym_size_val_is_a_symint() -> None:
+    """``aten::sym_size`` returns an integer known only at run time: its val is a SymInt."""
     from torch.export import Dim
 
-    class SizeUser(nn.Module):
-        def forward(self, x):
-            return x.new_zeros(x.shape[0])
-
     spec = {"x": {0: Dim("batch")}}
+    ep = _export(SizeUser(), (torch.randn(4, 2),), dynamic_shapes=spec)
     theirs = _torch(SizeUser(), (torch.randn(4, 2),), dynamic_shapes=spec)
-    assert any(n.target is torch.ops.aten.sym_size.int for n in _call_nodes(theirs))
-    with pytest.raises(NotImplementedError, match="dynamic shapes"):
-        _export(SizeUser(), (torch.randn(4, 2),), dynamic_shapes=spec)
+    assert h.op_multiset(ep) == h.op_multiset(theirs)
+    sizes = [n for n in _call_nodes(ep) if n.target is torch.ops.aten.sym_size.int]
+    assert len(sizes) == 1 and isinstance(sizes[0].meta["val"], torch.SymInt)
+    for batch in (1, 7):
+        torch.testing.assert_close(ep.module()(torch.randn(batch, 2)), torch.zeros(batch))
 
 
 Pair = __import__("collections").namedtuple("Pair", ["a", "b"])
@@ -337,14 +357,23 @@ def test_002_call_spec_flattens_and_unflattens() -> None:
     h.assert_same_tree(ep.module()(xs), expected, "list of lists")
 
 
-def test_002_equality_constraints_need_dynamic_shapes() -> None:
-    """``equality_constraints`` relate dynamic dimensions: the next issue."""
+def test_002_equality_constraints() -> None:
+    """Two inputs sharing a dimension (the seed's ``equality_constraints``; torch 2.13 expresses
+    it as one symbol in both placeholders' vals and one range constraint)."""
     from torch.export import Dim
 
     batch = Dim("batch")
     spec = {"x": {0: batch}, "y": {0: batch}}
-    with pytest.raises(NotImplementedError, match="dynamic shapes"):
-        _export(AddModule(), (torch.randn(4, 2), torch.randn(4, 2)), dynamic_shapes=spec)
+    args = (torch.randn(4, 2), torch.randn(4, 2))
+    ep = _export(AddModule(), args, dynamic_shapes=spec)
+    theirs = _torch(AddModule(), args, dynamic_shapes=spec)
+    x, y = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"]
+    assert isinstance(x.shape[0], torch.SymInt) and str(x.shape[0]) == str(y.shape[0])
+    assert [str(v) for v in ep.range_constraints.values()] == [str(v) for v in theirs.range_constraints.values()]
+    a, b = torch.randn(6, 2), torch.randn(6, 2)
+    torch.testing.assert_close(ep.module()(a, b), a + b)
+    with pytest.raises(Exception):  # noqa: B017 - any input-check error; texts: test_dynamic_*
+        ep.module()(torch.randn(6, 2), torch.randn(5, 2))
 
 
 class LinearInCond(nn.Module):
@@ -357,10 +386,21 @@ class LinearInCond(nn.Module):
 
 
 def test_002_source_fn_stack_inside_cond() -> None:
-    """A Linear inside cond's true branch has ``['cond', 'torch.nn.Linear']``-like source
-    stacks: cond is the next issue's, so exportir reports it for now."""
-    with pytest.raises(NotImplementedError, match="cond"):
-        _export(LinearInCond(), (torch.randn(2, 3),))
+    """A Linear called in cond's true branch: its nodes' source_fn_stack is the cond, then
+    ``torch.nn.Linear`` (the seed's ``['cond', 'torch.nn.Linear']``). torch 2.13's non-strict
+    export records no source_fn_stack at all, so the seed is the reference here."""
+    x = torch.randn(2, 3)
+    module = LinearInCond()
+    ep = _export(module, (x,))
+    branch = ep.graph_module.get_submodule("true_graph_0")
+    nodes = [n for n in branch.graph.nodes if n.op == "call_function"]
+    assert nodes
+    for node in nodes:
+        stack = node.meta["source_fn_stack"]
+        assert len(stack) == 2, stack
+        assert stack[0][0] == "cond" and stack[-1][1] is nn.Linear, stack
+    for probe in (x.abs(), -x.abs()):
+        torch.testing.assert_close(ep.module()(probe), module(probe))
 
 
 class TrueModule(nn.Module):
@@ -384,13 +424,14 @@ class CondOnShape(nn.Module):
 
 
 def test_002_get_attr_reads_submodules() -> None:
-    # torch 2.13 exports it with the branches as ``true_graph_0``/``false_graph_0`` submodules
-    # (the seed names them after the attributes) read by get_attr, predicate burned to True.
+    # The seed reads ``true_module``; torch 2.13 keeps the cond (predicate burned to True) and
+    # reads the branches as ``true_graph_0``/``false_graph_0`` submodules through get_attr.
     x = torch.randn(1, 3)
     theirs = _torch(CondOnShape(), (x,))
     assert [n.target for n in theirs.graph.nodes if n.op == "get_attr"] == ["true_graph_0", "false_graph_0"]
-    with pytest.raises(NotImplementedError, match="cond"):
-        _export(CondOnShape(), (x,))
+    ep = _export(CondOnShape(), (x,))
+    assert str(ep.graph).splitlines() == str(theirs.graph).splitlines()
+    torch.testing.assert_close(ep.module()(x), x.sin())
 
 
 def test_002_fake_tensor_of_add_one() -> None:
@@ -490,9 +531,10 @@ def test_004_data_dependent_control_flow_is_an_export_error() -> None:
     with pytest.raises(RuntimeError) as info:
         _export(DataDependentIf(), (torch.randn(3),))
     message = str(info.value)
-    assert type(info.value).__name__ == "DataDependentError"
-    assert "test_seed_examples.py" in message and "if x.sum() > 0:" in message  # the user's line
-    assert "torch.cond" in message  # the fix
+    assert type(info.value).__name__ == "GuardOnDataDependentSymNode"
+    assert message.startswith("Could not guard on data-dependent expression")
+    assert Path(__file__).name in message and "if x.sum() > 0:" in message  # the user's line
+    assert "torch.cond" in message and "torch._check" in message  # the fixes
 
 
 class CondRewrite(nn.Module):
@@ -507,11 +549,14 @@ class CondRewrite(nn.Module):
 
 def test_004_cond_rewrite_traces_both_branches() -> None:
     x = torch.randn(3)
+    ep = _export(CondRewrite(), (x,))
     theirs = _torch(CondRewrite(), (x,))
-    for probe in (x.abs(), -x.abs()):
-        torch.testing.assert_close(theirs.module()(probe), probe.sin() if probe.sum() > 0 else probe.cos())
-    with pytest.raises(NotImplementedError, match="cond"):
-        _export(CondRewrite(), (x,))
+    assert str(ep.graph).splitlines() == str(theirs.graph).splitlines()
+    for branch, op in (("true_graph_0", "aten.sin.default"), ("false_graph_0", "aten.cos.default")):
+        sub = ep.graph_module.get_submodule(branch)
+        assert [h.op_name(n.target) for n in sub.graph.nodes if n.op == "call_function"] == [op]
+    for probe in (x.abs() + 0.1, -x.abs() - 0.1):
+        torch.testing.assert_close(ep.module()(probe), probe.sin() if probe.sum() > 0 else probe.cos())
 
 
 class NonzeroIf(nn.Module):
@@ -540,17 +585,21 @@ def test_004_data_dependent_shape_without_check_is_an_error() -> None:
         _torch(NonzeroIf(), (torch.randn(3),))
     with pytest.raises(RuntimeError) as info:
         _export(NonzeroIf(), (torch.randn(3),))
-    assert type(info.value).__name__ == "DataDependentError"
-    assert "nonzero" in str(info.value)
+    message = str(info.value)
+    assert type(info.value).__name__ == "GuardOnDataDependentSymNode"
+    assert message.startswith("Could not guard on data-dependent expression u0 > 0")
+    assert "if nz.shape[0] > 0:" in message and "torch._check(u0 > 0)" in message
 
 
 def test_004_torch_check_decides_data_dependent_shape() -> None:
-    x = torch.randn(3)
+    x = torch.tensor([1.0, 0.0, 2.0])
+    ep = _export(NonzeroChecked(), (x,))
     theirs = _torch(NonzeroChecked(), (x,))
-    torch.testing.assert_close(theirs.module()(x), x.sin())
-    # Unbacked sizes (nonzero) come with the next issue; exportir names it for now.
-    with pytest.raises(RuntimeError, match="dynamic shapes"):
-        _export(NonzeroChecked(), (x,))
+    assert h.op_multiset(ep) == h.op_multiset(theirs)
+    torch.testing.assert_close(ep.module()(x), x.sin())
+    # The check is a runtime assertion: an input with no non-zero element fails it.
+    with pytest.raises(RuntimeError):
+        ep.module()(torch.zeros(3))
 
 
 class IndexSelect(nn.Module):
@@ -615,10 +664,12 @@ def test_004_custom_op_with_data_dependent_size() -> None:
     x = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
     theirs = _torch(UsesCustomNonzero(), (x,))
     torch.testing.assert_close(theirs.module()(x), torch.nonzero(x))
-    # new_dynamic_size() creates an unbacked size: the next issue. For now exportir's error
-    # names the op and the data-dependent shape.
-    with pytest.raises(RuntimeError, match=r"(?s)exportir_seed004::custom_nonzero.*data-dependent"):
-        _export(UsesCustomNonzero(), (x,))
+    ep = _export(UsesCustomNonzero(), (x,))
+    (node,) = [n for n in _call_nodes(ep) if h.op_name(n.target) == "exportir_seed004.custom_nonzero.default"]
+    rows, cols = node.meta["val"].shape
+    assert isinstance(rows, torch.SymInt) and cols == 2  # new_dynamic_size(): an unbacked size
+    for probe in (x, torch.tensor([[0.0, 0.0], [3.0, 4.0]]), torch.ones(2, 2)):
+        torch.testing.assert_close(ep.module()(probe), torch.nonzero(probe))
 
 
 # Module state: the access rules of seed 004 (reads allowed; static attributes may be updated

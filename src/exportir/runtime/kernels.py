@@ -18,6 +18,7 @@ Two calling conventions exist:
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ import torch
 from exportir.program import schema
 
 KernelFn = Callable[[Sequence[object]], object]
+Binder = Callable[[Sequence[object]], Callable[[], object]]
 Converter = Callable[[object], object]
 
 # Program files store dtypes, layouts and memory formats as Int codes, devices as String.
@@ -93,6 +95,15 @@ class Kernel:
     result_slot: bool = False
     converters: tuple[tuple[int, Converter], ...] = ()
     empties: tuple[int, ...] = ()
+    binder: Binder | None = None
+
+    def bind(self, args: Sequence[object]) -> Callable[[], object]:
+        """A no-argument call of this kernel on ``args`` (for arguments that never change,
+        bound once: no argument packing per call)."""
+        if self.binder is not None:
+            return self.binder(args)
+        fn = self.fn
+        return lambda: fn(args)
 
     @property
     def num_value_args(self) -> int:
@@ -159,12 +170,17 @@ def kernel_from_op(name: str, op: torch._ops.OpOverload) -> Kernel:
         def fn(args: Sequence[object]) -> object:
             return call(*args)
 
+    def binder(args: Sequence[object]) -> Callable[[], object]:
+        return functools.partial(
+            call, *args[:positional], **dict(zip(keywords, args[positional:]))
+        )
+
     converters = tuple(
         (i, fn) for i, fn in ((i, _converter(a)) for i, a in enumerate(arguments)) if fn
     )
     emptied = EMPTIED_OUTS.get(name, ())
     empties = tuple(i for i, a in enumerate(arguments) if a.name in emptied)
-    return Kernel(name, fn, len(arguments), writes, not writes, converters, empties)
+    return Kernel(name, fn, len(arguments), writes, not writes, converters, empties, binder)
 
 
 def _value_kernel(name: str, arity: int, fn: Callable[..., object]) -> Kernel:

@@ -73,6 +73,7 @@ class Method:
         "_arenas",
         "_dynamic",
         "_in_spec",
+        "_input_checks",
         "_lists",
         "_out_spec",
         "_program",
@@ -96,6 +97,12 @@ class Method:
         self._steps: list[Step] = [
             self._compile(pc, ins) for pc, ins in enumerate(meta.instructions)
         ]
+        self._input_checks = tuple(
+            _TensorInput(memory.torch_dtype(v.dtype), tuple(v.sizes), v.dynamic,
+                         memory.is_contiguous_order(v.dim_order))
+            if isinstance(v, schema.Tensor) else None
+            for v in (meta.values[i] for i in meta.inputs)
+        )
         self._in_spec = treespec.parse(meta.in_spec)
         self._out_spec = treespec.parse(meta.out_spec)
 
@@ -119,9 +126,13 @@ class Method:
         """
         values = self._template.copy()
         self._bind_inputs(values, inputs)
-        with torch.no_grad():
+        grad = torch.is_grad_enabled()
+        torch.set_grad_enabled(False)  # no autograd: out= kernels refuse it, and it costs time
+        try:
             self._run(values)
             return tuple(self._output(values, i) for i in self.meta.outputs)
+        finally:
+            torch.set_grad_enabled(grad)
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -378,8 +389,11 @@ class Method:
                 f"method {self.name!r} takes {len(expected)} input(s) ({labels}); "
                 f"got {len(inputs)}"
             )
-        for k, (index, given) in enumerate(zip(expected, inputs)):
-            values[index] = self._check_input(k, self.meta.values[index], given)
+        for k, (index, given, check) in enumerate(zip(expected, inputs, self._input_checks)):
+            if check is not None and check.accepts(given):
+                values[index] = given  # the fast path: exactly what the method was built for
+            else:
+                values[index] = self._check_input(k, self.meta.values[index], given)
 
     def _check_input(self, k: int, v: schema.EValue, given: Any) -> Any:
         label = f"method {self.name!r}: input {k} ({self._input_label(k)})"
@@ -421,6 +435,27 @@ class Method:
 
     def _failure(self, pc: int | None, reason: str, hint: str = "") -> RuntimeFailure:
         return RuntimeFailure(self._site(pc), reason, hint)
+
+
+@dataclass(frozen=True, slots=True)
+class _TensorInput:
+    """What a tensor input must be to be used as given (no conversion, no error)."""
+
+    dtype: torch.dtype
+    sizes: tuple[int, ...]
+    dynamic: bool
+    contiguous: bool
+
+    def accepts(self, given: Any) -> bool:
+        return (
+            isinstance(given, torch.Tensor)
+            and given.dtype == self.dtype
+            and not self.dynamic
+            and given.shape == self.sizes
+            and given.device.type == "cpu"
+            and not given.requires_grad
+            and (not self.contiguous or given.is_contiguous())
+        )
 
 
 def _truth(value: Any) -> bool:
@@ -490,18 +525,18 @@ def _kernel_step(
     )
 
     def args_of(values: list[Any]) -> list[Any]:
-        if static_args is not None:
-            return static_args
         args = fixed.copy()
         for p, convert in changing:
             got = resolve(values, operands[p])
             args[p] = convert(got) if convert is not None else got
         return args
 
+    bound = kernel.bind(static_args) if static_args is not None else None
+
     def step(values: list[Any]) -> int:
         for o in dynamic_outs:
             o.tensor.resize_(0)
-        returned = fn(args_of(values))
+        returned = bound() if bound is not None else fn(args_of(values))
         for tensor, size, o in static_outs:
             # emptying an out is harmless (batch norm's unused save_mean / save_invstd)
             if tensor.shape != size and tensor.numel() != 0:

@@ -311,10 +311,10 @@ class _Lowering:
             gm.graph.erase_node(node)
         gm.recompile()
         kept = [s for s in signature.input_specs if getattr(s.arg, "name", None) not in owned]
-        signature = ExportGraphSignature(kept, list(signature.output_specs))
         # state handed over to a backend leaves the parent unless another input still reads it
         gone = {s.target for s in signature.input_specs if getattr(s.arg, "name", None) in owned}
         gone -= {s.target for s in kept}
+        signature = ExportGraphSignature(kept, list(signature.output_specs))
         state = {k: v for k, v in old.state_dict.items() if k not in gone}
         constants = {k: v for k, v in old.constants.items() if k not in gone}
         return ExportedProgram(

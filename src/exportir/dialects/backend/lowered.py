@@ -110,7 +110,7 @@ class ExecutorchCallDelegate(HigherOrderOperator):
         self.__name__ = self._name
         self.__qualname__ = self._name
         self._ns = "higher_order"
-        self.__module__ = __name__
+        self.__module__ = "exportir.dialects.backend"  # its public home (pickles by name)
 
     def __call__(self, lowered_module: Any, *args: Any) -> tuple[Any, ...]:
         if not isinstance(lowered_module, LoweredBackendModule):

@@ -82,7 +82,13 @@ def test_missing_backend_fails_at_load_naming_the_call_site():
     err = info.value
     assert (err.instruction, err.node, err.source) == (0, "executorch_call_delegate",
                                                       "model.py:20")
-    assert "backend 'npu'" in str(err) and "DelegateRegistry.register" in str(err)
+    assert "backend 'npu'" in str(err) and "registry.register(backend_id, backend)" in str(err)
+
+
+def test_missing_known_backend_hint_says_where_its_executor_lives():
+    with pytest.raises(MissingBackendError, match=r"from exportir.backends.fused_cpu.runtime "
+                       r"import BACKEND_ID, backend_runtime"):
+        Program.from_schema(_delegating_program(backend_id="FusedCpuBackend"))
 
 
 def test_backend_init_failure_is_a_runtime_failure():

@@ -12,18 +12,31 @@ import torch
 from corpus.export_models import BY_NAME, ENTRIES, build
 
 from exportir import pytree
-from exportir.runtime import Program
+from exportir.runtime import DelegateRegistry, Program, default_delegate_registry
 
 
-def _compile(name: str) -> bytes:
+def _compile(name: str, delegate: bool = False) -> bytes:
     from exportir.export import export
     from exportir.program.manager import to_edge
 
     module, args, kwargs = build(BY_NAME[name])
     try:
-        return to_edge(export(module, args, kwargs)).to_program().buffer
+        edge = to_edge(export(module, args, kwargs))
+        if delegate:
+            from exportir.backends.fused_cpu import FusedCpuPartitioner
+
+            edge = edge.to_backend(FusedCpuPartitioner())
+        return edge.to_program().buffer
     except Exception as exc:  # noqa: BLE001 - a compiler gap, reported as a skip
         pytest.skip(f"does not compile yet: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+
+
+def _fused_cpu_registry() -> DelegateRegistry:
+    from exportir.backends.fused_cpu.runtime import BACKEND_ID, backend_runtime
+
+    registry = default_delegate_registry()
+    registry.register(BACKEND_ID, backend_runtime())
+    return registry
 
 
 def _tensors(tree) -> list[torch.Tensor]:
@@ -37,10 +50,14 @@ def _assert_same(got, expected) -> None:
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("delegate", [False, True], ids=["portable", "fused_cpu"])
 @pytest.mark.parametrize("name", [e.name for e in ENTRIES])
-def test_corpus_model_runs_like_eager(name):
-    data = _compile(name)
-    method = Program.load(data).method("forward")
+def test_corpus_model_runs_like_eager(name, delegate):
+    data = _compile(name, delegate)
+    program = Program.load(data, delegates=_fused_cpu_registry() if delegate else None)
+    if delegate:
+        assert program.schema.delegates, "the partitioner claimed nothing"
+    method = program.method("forward")
     eager, args, kwargs = build(BY_NAME[name])
     _, args_ours, kwargs_ours = build(BY_NAME[name])
     for _ in range(2):  # the second call sees the state (buffers) the first one left

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 
+import torch
+
 SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
 
 # exportir modules the runtime may load: the program format (validate verifies memory plans
@@ -31,8 +33,8 @@ PROBE = textwrap.dedent(
     import exportir.runtime
     import exportir.runtime.program, exportir.runtime.method, exportir.runtime.kernels
     import exportir.runtime.delegates, exportir.runtime.errors
-    {body}
     allowed = {allowed!r}
+    {body}
     loaded = sorted(
         m for m in sys.modules
         if m.startswith("exportir") and m not in allowed and not m.startswith("exportir.runtime")
@@ -72,6 +74,34 @@ def test_loading_and_running_a_file_loads_only_the_program_format(tmp_path):
         program = Program.load({str(path)!r})
         out = program.method("forward")(torch.ones(2, 3), torch.ones(2, 3))
         assert torch.equal(out[0], torch.full((2, 3), 4.0)), out
+        """
+    )
+    out = _run(body=body)
+    assert "LOADED []" in out, out
+
+
+def test_running_a_delegated_program_loads_only_the_backend_executor(tmp_path):
+    from exportir.backends.fused_cpu import FusedCpuPartitioner
+    from exportir.export import export
+    from exportir.program.manager import to_edge
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+    x = torch.randn(2, 4)
+    edge = to_edge(export(model, (x,))).to_backend(FusedCpuPartitioner())
+    path = tmp_path / "d.xpt"
+    path.write_bytes(edge.to_program().buffer)
+    body = textwrap.dedent(
+        f"""
+        import torch
+        from exportir.backends.fused_cpu.runtime import BACKEND_ID, backend_runtime
+        from exportir.runtime import Program, default_delegate_registry
+        registry = default_delegate_registry()
+        registry.register(BACKEND_ID, backend_runtime())
+        program = Program.load({str(path)!r}, delegates=registry)
+        assert program.schema.delegates
+        program.method("forward")(torch.ones(2, 4))
+        allowed.update(("exportir.backends", "exportir.backends.fused_cpu",
+                        "exportir.backends.fused_cpu.runtime"))
         """
     )
     out = _run(body=body)

@@ -7,7 +7,15 @@ once with ``backend.init(processed, compile_specs) -> handle``; every ``Delegate
 
 ``DelegateRegistry`` is an explicit object handed to ``Program.load``; nothing registers itself
 at import time. :func:`default_delegate_registry` returns a fresh registry holding the builtin
-backends only.
+backends only — those the runtime itself implements (none yet). Backends shipped elsewhere (the
+fused CPU backend's executor lives in ``exportir.backends.fused_cpu.runtime``) are registered
+by the caller, since the runtime imports nothing outside the program format::
+
+    from exportir.backends.fused_cpu.runtime import BACKEND_ID, backend_runtime
+
+    delegates = default_delegate_registry()
+    delegates.register(BACKEND_ID, backend_runtime())
+    program = Program.load("model.xpt", delegates=delegates)
 """
 
 from __future__ import annotations
@@ -62,6 +70,23 @@ class DelegateRegistry:
 
     def copy(self) -> DelegateRegistry:
         return DelegateRegistry(dict(self._backends))
+
+
+# How to get the executor of backends the runtime knows of but does not import (used in the
+# MissingBackendError hint).
+KNOWN_BACKENDS: dict[str, str] = {
+    "FusedCpuBackend": (
+        "from exportir.backends.fused_cpu.runtime import BACKEND_ID, backend_runtime; "
+        "registry.register(BACKEND_ID, backend_runtime())"
+    ),
+}
+
+
+def registration_hint(backend_id: str) -> str:
+    """What to do when ``backend_id`` is not registered."""
+    known = KNOWN_BACKENDS.get(backend_id)
+    how = known if known is not None else "registry.register(backend_id, backend)"
+    return f"{how}, then Program.load(..., delegates=registry)"
 
 
 def default_delegate_registry() -> DelegateRegistry:

@@ -28,7 +28,12 @@ from exportir.program.validate import (
     validate_program,
 )
 from exportir.runtime import memory
-from exportir.runtime.delegates import BackendRuntime, DelegateRegistry, default_delegate_registry
+from exportir.runtime.delegates import (
+    BackendRuntime,
+    DelegateRegistry,
+    default_delegate_registry,
+    registration_hint,
+)
 from exportir.runtime.errors import (
     FailureSite,
     MissingBackendError,
@@ -175,8 +180,7 @@ class Program:
                     site,
                     f"the program delegates to backend {d.backend_id!r}, which the delegate "
                     f"registry does not have (registered: {known})",
-                    "register it with DelegateRegistry.register(backend_id, backend) and pass "
-                    "the registry to Program.load(..., delegates=...)",
+                    registration_hint(d.backend_id),
                 )
             try:
                 handle = backend.init(d.data, d.compile_specs)

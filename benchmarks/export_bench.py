@@ -304,6 +304,38 @@ def summarize(corpus, scaling) -> list[tuple[str, str]]:
     return verdicts
 
 
+# --------------------------------------------------------------------------------------------
+# Dynamic shapes (rows and report in _dynamic_rows.py).
+
+TARGET_MEDIAN_DYNAMIC = 0.33
+
+
+def run_dynamic_section(args) -> list[tuple[str, str]]:
+    """Dynamic-batch export rows (median target) and the 48-layer transformer report."""
+    from _dynamic_rows import run_dynamic, transformer_report
+
+    print(f"\n{'model (dynamic batch)':30s} {'export ours':>11s} {'torch':>10s} {'ratio':>5s}")
+
+    def line(name: str, rows: dict) -> None:
+        row = rows["dynamic export"]
+        print(f"{name:30s} {_fmt(row.get(OURS)):>11s} {_fmt(row.get(THEIRS)):>10s} {_fmt_ratio(_ratio(row))}", flush=True)
+
+    results = run_dynamic(args, compare, CLOCKS[args.clock], line)
+    ratios = [r for r in (_ratio(rows["dynamic export"]) for rows in results.values()) if r is not None]
+    missing = len(results) - len(ratios)
+    median = statistics.median(ratios) if ratios else None
+    print(f"median dynamic export ratio: {_fmt_ratio(median)} over {len(ratios)} models"
+          + (f" ({missing} without a ratio: errors above)" if missing else ""))
+    print()
+    try:
+        print("\n".join(transformer_report(48)))
+    except Exception as exc:  # noqa: BLE001 - reported, not fatal
+        print(f"48-layer transformer report failed: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+    ok = median is not None and median <= TARGET_MEDIAN_DYNAMIC
+    return [(f"median dynamic-batch export ratio {_fmt_ratio(median)} <= {TARGET_MEDIAN_DYNAMIC}",
+             "PASS" if ok else "MISS")]
+
+
 def parse_args(argv: list[str] | None = None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="2 rounds; scaling at 256/1024 layers, 1 round")
@@ -318,6 +350,7 @@ def parse_args(argv: list[str] | None = None):
                         help="a scaling call taking longer is an ERROR; torch then skips larger sizes")
     parser.add_argument("--skip-torch-scaling", action="store_true", help="time only exportir in the scaling table")
     parser.add_argument("--no-scaling", action="store_true", help="skip the scaling table")
+    parser.add_argument("--no-dynamic", action="store_true", help="skip the dynamic-batch rows and the 48-layer report")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu", help="timer for the timed call")
     parser.add_argument("--strict", action="store_true", help="exit status 1 on any MISS or ERROR")
     args = parser.parse_args(argv)
@@ -359,11 +392,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'layers':>7s} " + " ".join(f"{label:>11s} {'per layer':>10s}" for label in (
             "export ours", "torch", "decomp ours", "torch")))
         scaling = run_scaling(args)
+    dynamic_verdicts = [] if args.no_dynamic else run_dynamic_section(args)
     errors = _errors(corpus, scaling)
     if errors:
         print("\nerrors:")
         print("\n".join(errors))
-    verdicts = summarize(corpus, scaling)
+    verdicts = summarize(corpus, scaling) + dynamic_verdicts
     print("\nSummary:")
     for text, status in verdicts:
         print(f"  {status:5s} {text}")

@@ -326,7 +326,7 @@ FEATURES = [
 ]
 
 
-def Dim_(d: dict) -> Any:  # noqa: N802  # the Dim class of the namespace (ours or torch's)
+def Dim_(d: dict) -> Any:  # the Dim class of the namespace (ours or torch's)
     return d["Dim"]
 
 
@@ -452,7 +452,7 @@ def test_error_feature_message_and_fix(feature: Feature):
     assert feature.error in msg
     assert re.search(rf"\(guard added at .*{re.escape(THIS_FILE)}:\d+ in ", msg), msg
     if feature.torch_ok:
-        with pytest.raises(Exception) as theirs:  # noqa: PT011  # torch's UserError
+        with pytest.raises(Exception) as theirs:  # torch's UserError
             _torch_export(mod, args, kwargs, feature.spec(_namespace(texport.Dim, feature, args, kwargs)))
         assert _strip_locations(msg) == str(theirs.value).split("\n\nThe error above occurred")[0]
     fix = feature.fix or _fixes(msg)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 import pytest
@@ -112,7 +111,7 @@ SPECS = {
 
 
 def _torch_message(spec) -> str:
-    with pytest.raises(Exception) as info:  # noqa: PT011  # whatever torch raises is the oracle
+    with pytest.raises(Exception) as info:  # whatever torch raises is the oracle
         texport.export(Three(), (X, YS), {"d": D}, dynamic_shapes=spec)
     return str(info.value).split("\n\nThe error above occurred")[0]
 

@@ -427,10 +427,11 @@ class _Checker:
 
     def message(self) -> str:
         names = sorted({v.name for v in self.violations})
-        lines = [
+        header = (
             f"Constraints violated ({', '.join(names)})! "
             'For more information, run with TORCH_LOGS="+dynamic".'
-        ]
+        )
+        lines = [header]
         for v in self.violations:
             lines.append(f"  - {v.message}")
             for frame in v.frames:

@@ -89,7 +89,7 @@ class _DimHint:
     max: int | None = None
     _factory: bool = True
 
-    def __call__(self, min: int | None = None, max: int | None = None) -> _DimHint:  # noqa: A002
+    def __call__(self, min: int | None = None, max: int | None = None) -> _DimHint:
         if not self._factory:
             raise TypeError(f"'{type(self)}' object is not callable")
         if min is not None and min < 0:
@@ -155,7 +155,7 @@ class Dim:
     DYNAMIC = _DimHint(_DimHintType.DYNAMIC)
     STATIC = _DimHint(_DimHintType.STATIC)
 
-    def __init__(self, name: str, *, min: int | None = None, max: int | None = None):  # noqa: A002
+    def __init__(self, name: str, *, min: int | None = None, max: int | None = None):
         low = 0 if min is None else min
         high = int_oo if max is None else max
         if not high > low:
@@ -222,7 +222,7 @@ class Dim:
 class _DerivedDim(Dim):
     """``scale * root + offset`` for a named root Dim (``scale`` positive)."""
 
-    def __init__(self, root: Dim, scale: int, offset: int):  # noqa: D107
+    def __init__(self, root: Dim, scale: int, offset: int):
         if isinstance(root, _DerivedDim):
             root, scale, offset = root.root, root.scale * scale, root.offset * scale + offset
         self.root = root
@@ -263,7 +263,7 @@ class _DerivedDim(Dim):
         return self.__name__
 
 
-def dims(*names: str, min: int | None = None, max: int | None = None) -> tuple[Dim, ...]:  # noqa: A002
+def dims(*names: str, min: int | None = None, max: int | None = None) -> tuple[Dim, ...]:
     """Several Dims with the same bounds: ``batch, seq = dims("batch", "seq", max=512)``."""
     return tuple(Dim(name, min=min, max=max) for name in names)
 

@@ -226,12 +226,12 @@ def finish(
     sub = body.rec
     order = list(sub.explicit) + [sub.lift(outer, value) for outer, value in lifted]
     _order_placeholders(sub.graph, order)
-    _check_aliasing(body, order)
     sub.graph.output(body.outputs[0] if single_output else tuple(body.outputs))
     fz, old_out = functionalize(sub.graph)
     written = [old for old in order if fz.version.get(old, 0) > 0]
     if written:
         raise _mutation_error(body, written)
+    _check_aliasing(body, order)
     graph = fz.new
     result = old_out.args[0]
     mapped = fz.map_arg(result) if single_output else tuple(fz.map_arg(a) for a in result)
@@ -285,11 +285,37 @@ def _check_aliasing(body: Traced, inputs: list[Node]) -> None:
 
 def describe(fn: Callable[..., Any]) -> str:
     """``true_fn`` (``File "m.py", line 12``) for error messages."""
+    fn = _user_function(fn)
     code = getattr(fn, "__code__", None)
     name = getattr(fn, "__name__", type(fn).__name__)
     if code is None:
         return f"'{name}'"
     return f"'{name}' (File \"{code.co_filename}\", line {code.co_firstlineno})"
+
+
+def _user_function(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """torch's wrappers (``flat_body_fn``, ``functools.partial``) -> the user's function."""
+    for _ in range(4):
+        keywords = getattr(fn, "keywords", None) or {}  # functools.partial (map's wrapper)
+        inner = keywords.get("f", getattr(fn, "func", None))
+        code = getattr(fn, "__code__", None)
+        if inner is None and (code is None or "/torch/" not in code.co_filename):
+            return fn
+        if inner is None:
+            cells = [c.cell_contents for c in fn.__closure__ or () if _filled(c)]
+            inner = next((c for c in cells if callable(c) and hasattr(c, "__code__")), None)
+            if inner is None:
+                return fn
+        fn = inner
+    return fn
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018  # an empty cell raises
+    except ValueError:
+        return False
+    return True
 
 
 def _alias_error(body: Traced, what: str) -> ControlFlowError:

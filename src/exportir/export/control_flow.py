@@ -29,7 +29,7 @@ node, decomposing them with the same table.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -60,7 +60,33 @@ class ControlFlowMode(TorchFunctionMode):
 
     Everything else passes through untouched. While a rule traces the bodies the mode is
     re-entered, so control flow nested in a body is captured the same way.
+
+    ``torch.cond`` / ``torch.while_loop`` call ``torch.compile`` on a wrapper before reaching
+    the operator. Under capture's dispatch mode dynamo would skip that frame and remember the
+    skip for the wrapper's code object, breaking every later eager ``torch.cond`` and
+    ``torch.export`` in the process; so while the mode is active the compiler stance is
+    ``force_eager`` (public ``torch.compiler.set_stance``; restored on exit).
     """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._stances: list[Any] = []
+
+    def __enter__(self) -> Self:
+        stance = torch.compiler.set_stance("force_eager")
+        stance.__enter__()
+        self._stances.append(stance)
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._stances.pop().__exit__(None, None, None)
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._stances.pop().__exit__(*exc)
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -106,14 +132,20 @@ def capture_cond(
 
 def _check_cond_inputs(pred: Any, true_fn: Any, false_fn: Any, operands: Any) -> None:
     if not isinstance(pred, (bool, int, float, torch.Tensor, torch.SymBool)):
-        raise _usage(f"Expected pred to be bool or tensor, but got {pred}.",
-                     "Pass a boolean scalar tensor (e.g. x.sum() > 0) or a Python bool.")
+        raise _usage(
+            f"Expected pred to be bool or tensor, but got {pred}.",
+            "Pass a boolean scalar tensor (e.g. x.sum() > 0) or a Python bool.",
+        )
     if isinstance(pred, torch.Tensor) and pred.numel() != 1:
-        raise _usage(f"Expected pred to be bool or single-element tensor, but got {pred}.",
-                     "Reduce the predicate to one element, e.g. (x > 0).all() or x.sum() > 0.")
+        raise _usage(
+            f"Expected pred to be bool or single-element tensor, but got {pred}.",
+            "Reduce the predicate to one element, e.g. (x > 0).all() or x.sum() > 0.",
+        )
     if not callable(true_fn) or not callable(false_fn):
-        raise _usage("Expect both branches to be callable.",
-                     "Pass functions (or modules) as true_fn and false_fn.")
+        raise _usage(
+            "Expect both branches to be callable.",
+            "Pass functions (or modules) as true_fn and false_fn.",
+        )
     if not isinstance(operands, (tuple, list)) or not all(
         isinstance(t, torch.Tensor) for t in pytree.tree_leaves(operands)
     ):
@@ -180,21 +212,31 @@ def capture_map(rec: Recorder, f: Callable, xs: Any, pos_args: Any = ()) -> Any:
 
 def _check_map_inputs(xs: list, pos_args: list) -> None:
     if not xs or not all(isinstance(x, torch.Tensor) for x in xs):
-        raise _usage(f"Mapped xs can only consist of tensors. Got xs {xs}.",
-                     "Map over tensors (or a pytree of tensors) with a leading dimension.")
+        raise _usage(
+            f"Mapped xs can only consist of tensors. Got xs {xs}.",
+            "Map over tensors (or a pytree of tensors) with a leading dimension.",
+        )
     if not all(isinstance(a, torch.Tensor) for a in pos_args):
-        raise _usage(f"map's extra arguments must be tensors, got {pos_args}.",
-                     "Read Python values from the body's closure instead of passing them.")
+        raise _usage(
+            f"map's extra arguments must be tensors, got {pos_args}.",
+            "Read Python values from the body's closure instead of passing them.",
+        )
     shapes = [x.shape for x in xs]
     if any(len(s) == 0 for s in shapes):
-        raise _usage(f"Mapped xs must have a leading dimension. Got shapes {shapes}.",
-                     "Map over tensors of at least one dimension.")
+        raise _usage(
+            f"Mapped xs must have a leading dimension. Got shapes {shapes}.",
+            "Map over tensors of at least one dimension.",
+        )
     if shapes[0][0] == 0:
-        raise _usage("Leading dimensions of mapped xs cannot be 0.",
-                     "Map over a non-empty leading dimension.")
+        raise _usage(
+            "Leading dimensions of mapped xs cannot be 0.",
+            "Map over a non-empty leading dimension.",
+        )
     if any(s[0] != shapes[0][0] for s in shapes):
-        raise _usage(f"Leading dimensions of mapped xs must be consistent. Got shapes {shapes}.",
-                     "Give every mapped tensor the same leading dimension.")
+        raise _usage(
+            f"Leading dimensions of mapped xs must be consistent. Got shapes {shapes}.",
+            "Give every mapped tensor the same leading dimension.",
+        )
 
 
 def _first_slice(x: torch.Tensor) -> FakeTensor:
@@ -267,18 +309,21 @@ def _check_while_inputs(
     cond_fn: Any, body_fn: Any, carried: list, additional: list, kwargs: dict
 ) -> None:
     if not callable(cond_fn) or not callable(body_fn):
-        raise _usage("Expect cond_fn and body_fn to be callable.",
-                     "Pass functions (or modules) as cond_fn and body_fn.")
+        raise _usage(
+            "Expect cond_fn and body_fn to be callable.",
+            "Pass functions (or modules) as cond_fn and body_fn.",
+        )
     if kwargs.get("mutated_arg_indices"):
-        raise _usage("while_loop with mutated_arg_indices cannot be exported.",
-                     "Return new values from body_fn instead of mutating carried inputs.")
+        raise _usage(
+            "while_loop with mutated_arg_indices cannot be exported.",
+            "Return new values from body_fn instead of mutating carried inputs.",
+        )
     leaves = carried + additional
     if not all(isinstance(t, torch.Tensor) for t in leaves):
         raise _usage(
             "Expect carried_inputs to be a tuple of possibly nested dict/list/tuple that only "
             f"consists of tensor leaves, but got {tuple(carried)}.",
-            "Carry tensors (e.g. torch.tensor(0) for a counter); Python ints need symbolic "
-            "shapes.",
+            "Carry tensors (e.g. torch.tensor(0) for a counter); Python ints need symbolic shapes.",
         )
 
 

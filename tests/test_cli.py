@@ -103,6 +103,15 @@ def test_export_from_a_file_path_with_example_input_specs(workdir, in_workdir, c
     assert method.meta.values[method.meta.inputs[0]].sizes == (4, 6)
 
 
+def test_export_delegated_and_run(workdir, in_workdir, capsys):
+    assert in_workdir(["export", "netmod:make", "--backend", "fused_cpu", "-o", "d.xpt"]) == 0
+    out = capsys.readouterr().out
+    assert "to_backend" in out and "1 delegate(s)" in out
+    assert in_workdir(["run", "d.xpt", "--inputs", "f32[2,6]",
+                       "--repeat", "1"]) == 0
+    assert "output 0     float32[2, 3]" in capsys.readouterr().out
+
+
 def test_inspect_shows_methods_ops_plan_and_sizes(exported, workdir, in_workdir, capsys):
     done = exportir("inspect", str(exported), cwd=workdir)
     assert done.returncode == 0, done.stderr
@@ -168,7 +177,9 @@ def test_run_and_inspect_do_not_load_the_compiler(exported):
         assert main(["run", {str(exported)!r}, "--repeat", "1"]) == 0
         assert main(["inspect", {str(exported)!r}]) == 0
         bad = [m for m in sys.modules if m.startswith(("exportir.export", "exportir.fx",
-               "exportir.dialects", "exportir.passes", "exportir.program.emit"))]
+               "exportir.dialects", "exportir.passes", "exportir.program.emit",
+               "exportir.backends.fused_cpu.backend",
+               "exportir.backends.fused_cpu.partitioner"))]
         print("COMPILER", bad)
         """
     )

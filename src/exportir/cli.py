@@ -2,7 +2,7 @@
 
 ::
 
-    exportir export MODULE:FACTORY [--example-inputs SPEC ...] -o model.xpt
+    exportir export MODULE:FACTORY [--example-inputs SPEC ...] [--backend fused_cpu] -o model.xpt
     exportir inspect model.xpt [--method NAME]
     exportir run model.xpt [--method NAME] [--inputs SPEC ...] [--repeat N]
 
@@ -20,8 +20,10 @@ An input ``SPEC`` is one of:
 * a ``.npy`` file (loaded without pickle);
 * a Python literal scalar: ``3``, ``0.5``, ``true``, ``false``, ``none``.
 
-``run`` without ``--inputs`` makes random inputs from the method's signature. ``run`` and
-``inspect`` use only the runtime and the program format; ``export`` loads the compiler.
+``export --backend fused_cpu`` delegates what the fused CPU backend's partitioner claims. ``run``
+registers that backend's executor, so delegated programs run too. ``run`` without ``--inputs``
+makes random inputs from the method's signature. ``run`` and ``inspect`` use only the runtime,
+the program format and backend executors; ``export`` loads the compiler.
 """
 
 from __future__ import annotations
@@ -200,12 +202,17 @@ def cmd_export(ns: argparse.Namespace) -> int:
 
     ep = stage("export", lambda: export(module, args, kwargs))
     edge = stage("to_edge", lambda: to_edge(ep))
+    if ns.backend == "fused_cpu":
+        from exportir.backends.fused_cpu import FusedCpuPartitioner
+
+        edge = stage("to_backend", lambda: edge.to_backend(FusedCpuPartitioner()))
     prog = stage("to_program", edge.to_program)
     data = stage("serialize", lambda: prog.buffer)
     out = Path(ns.output)
     out.write_bytes(data)
     weights = sum(c.nbytes for c in prog.program.constants)
-    print(f"wrote {out} ({len(data)} bytes; constants {weights} bytes; methods "
+    print(f"wrote {out} ({len(data)} bytes; constants {weights} bytes; "
+          f"{len(prog.program.delegates)} delegate(s); methods "
           f"{', '.join(prog.program.method_names)})")
     return 0
 
@@ -272,11 +279,21 @@ def _describe(value: Any) -> str:
     return repr(value)
 
 
+def _delegate_registry() -> Any:
+    """The default registry plus the executors of the backends exportir ships."""
+    from exportir.backends.fused_cpu.runtime import BACKEND_ID, backend_runtime
+    from exportir.runtime import default_delegate_registry
+
+    registry = default_delegate_registry()
+    registry.register(BACKEND_ID, backend_runtime())
+    return registry
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
     from exportir.runtime import Program
 
     start = time.perf_counter()
-    program = Program.load(ns.path, verify_data=not ns.no_verify)
+    program = Program.load(ns.path, delegates=_delegate_registry(), verify_data=not ns.no_verify)
     loaded = time.perf_counter()
     method = program.method(ns.method)
     prepared = time.perf_counter()
@@ -326,6 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="example inputs: DTYPE[SHAPE] (random), file.npy, or scalars")
     p.add_argument("-o", "--output", required=True, help="program file to write (.xpt)")
     p.add_argument("--train", action="store_true", help="export in training mode (default eval)")
+    p.add_argument("--backend", choices=["fused_cpu"],
+                   help="delegate the subgraphs this backend supports")
     p.add_argument("--seed", type=int, default=0, help="seed for random inputs and the factory")
     p.set_defaults(func=cmd_export)
 

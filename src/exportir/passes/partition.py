@@ -86,7 +86,8 @@ def propose_partitions(
 ) -> list[list[Node]]:
     """Cycle-free partitions of the supported ``call_function`` nodes, in graph order.
 
-    A ``getitem`` of a supported node joins its source's partition. Partitions with fewer
+    Nodes join the partitions of their inputs, then partitions reading a common value merge;
+    every merge is refused when it would create a cycle. A ``getitem`` of a supported node joins its source's partition. Partitions with fewer
     than ``min_size`` compute nodes (getitems not counted) are dropped.
     """
     order = _order(graph)
@@ -105,6 +106,11 @@ def propose_partitions(
         group[node] = {node}
         for inp in node.all_input_nodes:
             _try_merge(group, node, inp, order)
+    # siblings: partitions reading a common value fuse too when that makes no cycle
+    for node in graph.nodes:
+        users = [u for u in node.users if u in group]
+        for a, b in zip(users, users[1:]):
+            _try_merge(group, a, b, order)
     seen: list[set[Node]] = []
     for members in group.values():
         if not any(members is s for s in seen):

@@ -459,3 +459,19 @@ def test_error_feature_message_and_fix(feature: Feature):
     assert fix, "no suggested fix"
     ep = ours.export(mod, args, kwargs, dynamic_shapes=feature.spec(_namespace(ds.Dim, feature, args, kwargs, fix)))
     _check_numerics(feature, mod, ep)
+
+
+def test_module_checks_inputs_against_ranges_like_torch():
+    mod = Linear().eval()
+    ep = ours.export(mod, (r(5, 3),), dynamic_shapes={"x": {0: ds.Dim("batch", min=3, max=64)}})
+    tep = _torch_export(mod, (r(5, 3),), {}, {"x": {0: texport.Dim("batch", min=3, max=64)}})
+    assert str(ep.range_constraints).replace("s0", "S") == re.sub(r"s\d+", "S", str(tep.range_constraints))
+    # torch 2.13's module() raises AssertionError("Guard failed: x.size()[0] <= 64"); we keep the
+    # input-path texts of torch.export's input checks (the issue's acceptance text)
+    module = ep.module()
+    with pytest.raises(RuntimeError, match=re.escape("Expected input at *args[0].shape[0] to be <= 64, but got 65")):
+        module(r(65, 3))
+    with pytest.raises(RuntimeError, match=re.escape("Expected input at *args[0].shape[0] to be >= 3, but got 2")):
+        module(r(2, 3))
+    x = r(64, 3)
+    h.assert_same_tree(module(x), mod(x), "in range")

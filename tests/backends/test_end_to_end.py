@@ -60,8 +60,9 @@ def test_delegated_corpus_model_runs_like_eager(name):
 
     # in the runtime, from program bytes
     manager = delegated.to_program()
-    assert any(isinstance(i, schema.DelegateCall)
-               for m in manager.program.methods for i in m.instructions)
+    assert any(
+        isinstance(i, schema.DelegateCall) for m in manager.program.methods for i in m.instructions
+    )
     method = Program.load(manager.buffer, delegates=_registry()).method("forward")
     eager, args_e, kwargs_e = build(BY_NAME[name])
     _, args_rt, kwargs_rt = build(BY_NAME[name])

@@ -80,7 +80,7 @@ def test_partitioner_claims_supported_subgraphs_and_leaves_the_rest(block):
 
 
 def test_lowered_module_runs_the_blob_with_the_runtime_executor(block):
-    _, args, edge = block
+    _, _, edge = block
     ep = edge.to_backend(FusedCpuPartitioner()).exported_program()
     lowered = ep.graph_module.lowered_module_0
     assert isinstance(lowered, LoweredBackendModule)
@@ -111,9 +111,8 @@ def test_own_constants_moves_weights_into_the_blob(block):
 
 @pytest.mark.parametrize("inplace", [b"0", b"1"])
 def test_whole_program_lowering(block, inplace):
-    model, args, edge = block
+    _, args, edge = block
     ep = edge.exported_program()
-    supported = FusedCpuPartitioner(ops=None)
     # cumsum is not supported: whole-program lowering of Block fails with the way out
     with pytest.raises(FusedCpuLoweringError, match="cumsum.*FusedCpuPartitioner"):
         to_backend(BACKEND_ID, ep, [CompileSpec("inplace", inplace)])
@@ -124,11 +123,13 @@ def test_whole_program_lowering(block, inplace):
     torch.testing.assert_close(lowered(*args)[0], mlp(*args))
     header = _header(lowered.processed_bytes)
     assert any(header["inplace"]) == (inplace == b"1")  # relu after addmm reuses its buffer
-    assert supported.is_supported is not None
     # a graph module can be lowered too (every placeholder is a delegate input)
     by_gm = to_backend(FusedCpuBackend, mlp_ep.graph_module, [])
-    state = [mlp_ep.state_dict[s.target] for s in mlp_ep.graph_signature.input_specs
-             if s.target is not None]
+    state = [
+        mlp_ep.state_dict[s.target]
+        for s in mlp_ep.graph_signature.input_specs
+        if s.target is not None
+    ]
     torch.testing.assert_close(by_gm(*state, *args)[0], mlp(*args))
 
 
@@ -144,7 +145,7 @@ def test_partitioner_rejects_ops_the_backend_does_not_run():
 
 
 def test_op_subset_narrows_what_is_claimed(block):
-    _, args, edge = block
+    _, _, edge = block
     only_mm = FusedCpuPartitioner(ops=["aten.addmm.default", "aten.permute_copy.default"])
     ep = edge.to_backend(only_mm).exported_program()
     ops = _ops(ep)
@@ -156,7 +157,7 @@ def test_op_subset_narrows_what_is_claimed(block):
 
 def _header(blob: bytes) -> dict:
     _, _, length = struct.unpack_from("<4sII", blob)
-    return json.loads(blob[12:12 + length])
+    return json.loads(blob[12 : 12 + length])
 
 
 def _blob() -> bytes:
@@ -168,7 +169,7 @@ def _blob() -> bytes:
 
 def _data(blob: bytes) -> bytes:
     _, _, length = struct.unpack_from("<4sII", blob)
-    return blob[-(-(12 + length) // 16) * 16:]
+    return blob[-(-(12 + length) // 16) * 16 :]
 
 
 def _rebuild(header: dict, data: bytes) -> bytes:
@@ -180,8 +181,11 @@ def _rebuild(header: dict, data: bytes) -> bytes:
 def test_blob_is_json_plus_raw_constants_and_round_trips():
     blob = _blob()
     header = _header(blob)
-    assert {op[0] for op in header["ops"]} <= {"aten.permute_copy.default", "aten.addmm.default",
-                                               "aten.tanh.default"}
+    assert {op[0] for op in header["ops"]} <= {
+        "aten.permute_copy.default",
+        "aten.addmm.default",
+        "aten.tanh.default",
+    }
     program = decode(blob)
     assert len(program.constants) == 2 and len(program.inputs) == 1
     assert b"pickle" not in blob and b"\x80\x04" not in blob[:12]
@@ -236,9 +240,19 @@ def test_runtime_side_imports_nothing_of_the_compiler():
         "print(sorted(m for m in sys.modules if m.startswith('exportir')))\n"
     )
     env = dict(os.environ, PYTHONPATH=str(SRC))
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     loaded = eval(done.stdout)  # a printed list of module names
-    assert loaded == ["exportir", "exportir.backends", "exportir.backends.fused_cpu",
-                      "exportir.backends.fused_cpu.runtime"]
+    assert loaded == [
+        "exportir",
+        "exportir.backends",
+        "exportir.backends.fused_cpu",
+        "exportir.backends.fused_cpu.runtime",
+    ]

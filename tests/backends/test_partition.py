@@ -96,8 +96,13 @@ def test_collect_describes_inputs_and_outputs():
     assert [n.name for n in p.inputs] == ["x", "y"]
     assert [n.name for n in p.outputs] == ["sin", "mul"]
     sub = extract_subgraph(p)
-    assert [n.op for n in sub.nodes] == ["placeholder", "placeholder", "call_function",
-                                         "call_function", "output"]
+    assert [n.op for n in sub.nodes] == [
+        "placeholder",
+        "placeholder",
+        "call_function",
+        "call_function",
+        "output",
+    ]
     assert not any(DELEGATION_TAG in n.meta for n in sub.nodes)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import operator
 import pickle
+from typing import ClassVar
 
 import pytest
 import torch
@@ -47,7 +48,7 @@ def _edge():
 class RecordingBackend(BackendDetails):
     """A test backend without a runtime: lowered modules run their original program."""
 
-    seen: list = []
+    seen: ClassVar[list] = []
 
     @classmethod
     def preprocess(cls, edge_program, compile_specs):
@@ -124,9 +125,14 @@ def test_partitioned_program_has_the_delegate_graph_form_and_runs():
     assert "executorch_call_delegate](args = (%lowered_module_0, %x, %y)" in text
     calls = [n for n in lowered.graph.nodes if n.op == "call_function"]
     names = [getattr(n.target, "__name__", "") for n in calls]
-    assert names == ["executorch_call_delegate", "getitem", "getitem", "aten.sin.default",
-                     "aten.add.Tensor"]
-    (ops, specs), = RecordingBackend.seen
+    assert names == [
+        "executorch_call_delegate",
+        "getitem",
+        "getitem",
+        "aten.sin.default",
+        "aten.add.Tensor",
+    ]
+    ((ops, specs),) = RecordingBackend.seen
     assert ops == ["aten.add.Tensor", "aten.mul.Tensor"]
     assert specs == [CompileSpec("k", b"v")]
     assert lowered.verifiers == [BackendVerifier]

@@ -18,6 +18,7 @@ tag to the subgraph it fuses into.
 from __future__ import annotations
 
 import heapq
+import itertools
 import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -109,7 +110,7 @@ def propose_partitions(
     # siblings: partitions reading a common value fuse too when that makes no cycle
     for node in graph.nodes:
         users = [u for u in node.users if u in group]
-        for a, b in zip(users, users[1:]):
+        for a, b in itertools.pairwise(users):
             _try_merge(group, a, b, order)
     seen: list[set[Node]] = []
     for members in group.values():

@@ -81,14 +81,17 @@ def to_backend(*args: Any, registry: BackendRegistry | None = None) -> Any:
     (see the module docstring)."""
     if args and isinstance(args[0], (str, type)):
         if len(args) not in (2, 3):
-            raise TypeError("to_backend(backend_id, edge_program, compile_specs) takes 2 or 3 "
-                            f"positional arguments; got {len(args)}")
+            raise TypeError(
+                "to_backend(backend_id, edge_program, compile_specs) takes 2 or 3 "
+                f"positional arguments; got {len(args)}"
+            )
         backend_id, program = args[0], args[1]
         specs = args[2] if len(args) == 3 else ()
         return lower_program(backend_id, program, specs, registry=registry)
     if len(args) != 2:
-        raise TypeError("to_backend(edge_program, partitioner) takes 2 positional arguments; "
-                        f"got {len(args)}")
+        raise TypeError(
+            f"to_backend(edge_program, partitioner) takes 2 positional arguments; got {len(args)}"
+        )
     return lower_partitions(args[0], args[1], registry=registry)
 
 
@@ -126,11 +129,11 @@ def lower_program(
     if isinstance(program, GraphModule):
         program = program_from_graph_module(program)
     if not isinstance(program, ExportedProgram):
-        raise TypeError(f"to_backend lowers an ExportedProgram or a GraphModule; got "
-                        f"{type(program).__name__}")
+        raise TypeError(
+            f"to_backend lowers an ExportedProgram or a GraphModule; got {type(program).__name__}"
+        )
     data = _preprocess(details, program, specs)
-    return LoweredBackendModule(program, details.backend_id, data, specs,
-                                runtime=details.runtime())
+    return LoweredBackendModule(program, details.backend_id, data, specs, runtime=details.runtime())
 
 
 def _arg_for(node: Node) -> Any:
@@ -168,8 +171,9 @@ def program_from_graph_module(gm: GraphModule) -> ExportedProgram:
         [InputSpec(InputKind.USER_INPUT, a, None) for a in inputs],
         [OutputSpec(OutputKind.USER_OUTPUT, a, None) for a in outputs],
     )
-    return ExportedProgram(gm, gm.graph, signature, {}, {}, _root_call_graph(inputs, outputs),
-                           verifiers=[EdgeVerifier])
+    return ExportedProgram(
+        gm, gm.graph, signature, {}, {}, _root_call_graph(inputs, outputs), verifiers=[EdgeVerifier]
+    )
 
 
 # ------------------------------------------------------------------------------ partitions
@@ -180,23 +184,29 @@ def lower_partitions(
 ) -> ExportedProgram:
     """Replace every partition ``partitioner`` tags by a delegate call (module docstring)."""
     if not isinstance(program, ExportedProgram):
-        raise TypeError(f"to_backend(program, partitioner) needs an ExportedProgram; got "
-                        f"{type(program).__name__}")
+        raise TypeError(
+            f"to_backend(program, partitioner) needs an ExportedProgram; got "
+            f"{type(program).__name__}"
+        )
     gm = copy.deepcopy(program.graph_module)
     for node in gm.graph.nodes:
         node.meta.pop(DELEGATION_TAG, None)
     work = program._update(gm, copy.deepcopy(program.graph_signature))
     result = partitioner.partition(work)
     if not isinstance(result, PartitionResult):
-        raise TypeError(f"{type(partitioner).__name__}.partition returned "
-                        f"{type(result).__name__}; it must return a PartitionResult")
+        raise TypeError(
+            f"{type(partitioner).__name__}.partition returned "
+            f"{type(result).__name__}; it must return a PartitionResult"
+        )
     tagged = result.tagged_exported_program
     partitions = collect_partitions(tagged.graph)
     unknown = sorted({p.tag for p in partitions} - set(result.partition_tags))
     if unknown:
-        raise PartitionError(f"{type(partitioner).__name__} tagged nodes with {unknown}, which "
-                             "its PartitionResult.partition_tags does not map to a "
-                             "DelegationSpec; add them, or remove the tags")
+        raise PartitionError(
+            f"{type(partitioner).__name__} tagged nodes with {unknown}, which "
+            "its PartitionResult.partition_tags does not map to a "
+            "DelegationSpec; add them, or remove the tags"
+        )
     if not partitions:
         return program
     lowering = _Lowering(tagged, registry)
@@ -210,24 +220,29 @@ def lower_partitions(
 class _Lowering:
     """Fuses partitions of one (copied, tagged) program in place, then rebuilds the program."""
 
-    __slots__ = ("program", "gm", "registry", "owned", "count", "input_kinds")
+    __slots__ = ("count", "gm", "input_kinds", "owned", "program", "registry")
 
     def __init__(self, program: ExportedProgram, registry: BackendRegistry | None) -> None:
         self.program = program
         self.gm = program.graph_module
         self.registry = registry
         self.owned: list[Node] = []
-        self.count = sum(1 for n in self.gm.graph.nodes if n.op == "get_attr"
-                         and str(n.target).startswith("lowered_module_"))
-        self.input_kinds = {s.arg.name: s for s in program.graph_signature.input_specs
-                            if hasattr(s.arg, "name")}
+        self.count = sum(
+            1
+            for n in self.gm.graph.nodes
+            if n.op == "get_attr" and str(n.target).startswith("lowered_module_")
+        )
+        self.input_kinds = {
+            s.arg.name: s for s in program.graph_signature.input_specs if hasattr(s.arg, "name")
+        }
 
     def fuse(self, partition: Partition, spec: Any) -> None:
         details = _backend(spec.backend_id, self.registry)
         sub = self.subprogram(partition)
         data = _preprocess(details, sub, spec.compile_specs)
-        lowered = LoweredBackendModule(sub, details.backend_id, data, spec.compile_specs,
-                                       runtime=details.runtime())
+        lowered = LoweredBackendModule(
+            sub, details.backend_id, data, spec.compile_specs, runtime=details.runtime()
+        )
         name = self._attr_name()
         self.gm.add_submodule(name, lowered)
         self._replace(partition, name)
@@ -252,13 +267,16 @@ class _Lowering:
                 raise PartitionError(
                     f"placeholder {node.name} is tagged {partition.tag!r} but is not a "
                     "parameter, buffer or constant; only constant state can be handed to a "
-                    "backend. Remove its tag.")
+                    "backend. Remove its tag."
+                )
             if spec.kind == InputKind.BUFFER and _is_mutated(parent, spec.target):
                 raise PartitionError(
                     f"buffer {spec.target} ({node.name}) is mutated by the program; it cannot "
-                    "be handed to a backend. Remove the tag from its placeholder.")
-            input_specs.append(InputSpec(spec.kind, TensorArgument(node.name), spec.target,
-                                         spec.persistent))
+                    "be handed to a backend. Remove the tag from its placeholder."
+                )
+            input_specs.append(
+                InputSpec(spec.kind, TensorArgument(node.name), spec.target, spec.persistent)
+            )
             if spec.target in parent.state_dict:
                 state[spec.target] = parent.state_dict[spec.target]
             else:
@@ -267,14 +285,20 @@ class _Lowering:
         input_specs += [InputSpec(InputKind.USER_INPUT, a, None) for a in user_inputs]
         outputs = [_arg_for(n) for n in partition.outputs]
         signature = ExportGraphSignature(
-            input_specs, [OutputSpec(OutputKind.USER_OUTPUT, a, None) for a in outputs])
+            input_specs, [OutputSpec(OutputKind.USER_OUTPUT, a, None) for a in outputs]
+        )
         root = GraphModule({}, graph)
         config = self.gm.meta.get(CONFIG_META_KEY)
         if config is not None:
             root.meta[CONFIG_META_KEY] = config
         return ExportedProgram(
-            root, graph, signature, state, copy.deepcopy(parent.range_constraints),
-            _root_call_graph(user_inputs, outputs), constants=constants,
+            root,
+            graph,
+            signature,
+            state,
+            copy.deepcopy(parent.range_constraints),
+            _root_call_graph(user_inputs, outputs),
+            constants=constants,
             verifiers=[EdgeVerifier],
         )
 
@@ -318,8 +342,14 @@ class _Lowering:
         state = {k: v for k, v in old.state_dict.items() if k not in gone}
         constants = {k: v for k, v in old.constants.items() if k not in gone}
         return ExportedProgram(
-            gm, gm.graph, signature, state, copy.deepcopy(old.range_constraints), call_graph,
-            example_inputs=old.example_inputs, constants=constants,
+            gm,
+            gm.graph,
+            signature,
+            state,
+            copy.deepcopy(old.range_constraints),
+            call_graph,
+            example_inputs=old.example_inputs,
+            constants=constants,
             verifiers=[BackendVerifier],
         )
 
@@ -332,5 +362,7 @@ def _call_meta(node: Node) -> dict[str, Any]:
 
 
 def _is_mutated(program: ExportedProgram, target: str | None) -> bool:
-    return any(s.kind == OutputKind.BUFFER_MUTATION and s.target == target
-               for s in program.graph_signature.output_specs)
+    return any(
+        s.kind == OutputKind.BUFFER_MUTATION and s.target == target
+        for s in program.graph_signature.output_specs
+    )

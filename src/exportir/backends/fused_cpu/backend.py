@@ -145,8 +145,9 @@ class _Encoder:
         pad = -len(self.data) % ALIGNMENT
         self.data += b"\0" * pad
         raw = _tensor_bytes(tensor)
-        self.constants.append([slot, _DTYPE_NAMES[tensor.dtype], list(tensor.shape),
-                               len(self.data), len(raw)])
+        self.constants.append(
+            [slot, _DTYPE_NAMES[tensor.dtype], list(tensor.shape), len(self.data), len(raw)]
+        )
         self.data += raw
 
     def call(self, node: Node) -> None:
@@ -156,8 +157,9 @@ class _Encoder:
             return
         name = op_name(node.target)
         if name not in OPS:
-            raise _fail(node, f"{name or node.target} is not an op the backend runs",
-                        _PARTITION_HINT)
+            raise _fail(
+                node, f"{name or node.target} is not an op the backend runs", _PARTITION_HINT
+            )
         try:
             args = encode_arg(list(node.args), self.slot_of)
             kwargs = {k: encode_arg(v, self.slot_of) for k, v in node.kwargs.items()}
@@ -180,7 +182,8 @@ class _Encoder:
             if spec.kind != OutputKind.USER_OUTPUT:
                 raise FusedCpuLoweringError(
                     f"fused_cpu runs functional programs; output {spec.arg} is a "
-                    f"{spec.kind.name}. Way out: {_PARTITION_HINT}")
+                    f"{spec.kind.name}. Way out: {_PARTITION_HINT}"
+                )
         output = self.program.graph.output_node()
         result = []
         for value in output.args[0]:
@@ -203,7 +206,9 @@ class _Encoder:
         inplace = [int(self._can_run_inplace(i, row, last, keep)) for i, row in enumerate(self.ops)]
         return [sorted(f) for f in free], inplace
 
-    def _can_run_inplace(self, i: int, row: list[Any], last: dict[int, int], keep: set[int]) -> bool:
+    def _can_run_inplace(
+        self, i: int, row: list[Any], last: dict[int, int], keep: set[int]
+    ) -> bool:
         if not self.inplace_enabled or row[0] not in INPLACE or not row[1]:
             return False
         first = row[1][0]
@@ -217,8 +222,12 @@ class _Encoder:
         if isinstance(src_val, (tuple, list)):
             return False
         out_val = self.op_nodes[i].meta.get("val")
-        return (isinstance(src_val, torch.Tensor) and isinstance(out_val, torch.Tensor)
-                and src_val.dtype == out_val.dtype and src_val.shape == out_val.shape)
+        return (
+            isinstance(src_val, torch.Tensor)
+            and isinstance(out_val, torch.Tensor)
+            and src_val.dtype == out_val.dtype
+            and src_val.shape == out_val.shape
+        )
 
     def blob(self) -> bytes:
         for node in self.program.graph.nodes:
@@ -229,8 +238,13 @@ class _Encoder:
         outputs = self.outputs()
         free, inplace = self.plan(outputs)
         header = {
-            "values": self.count, "inputs": self.inputs, "outputs": outputs,
-            "constants": self.constants, "ops": self.ops, "free": free, "inplace": inplace,
+            "values": self.count,
+            "inputs": self.inputs,
+            "outputs": outputs,
+            "constants": self.constants,
+            "ops": self.ops,
+            "free": free,
+            "inplace": inplace,
         }
         text = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
         head = struct.pack("<4sII", MAGIC, FORMAT_VERSION, len(text)) + text
@@ -251,11 +265,13 @@ def _parse_specs(compile_specs: Sequence[CompileSpec]) -> dict[str, bytes]:
     for spec in compile_specs:
         allowed = _SPECS.get(spec.key)
         if allowed is None:
-            raise ValueError(f"fused_cpu: unknown compile spec {spec.key!r}; known: "
-                             f"{sorted(_SPECS)}")
+            raise ValueError(
+                f"fused_cpu: unknown compile spec {spec.key!r}; known: {sorted(_SPECS)}"
+            )
         if spec.value not in allowed:
-            raise ValueError(f"fused_cpu: compile spec {spec.key!r} takes one of {allowed}; got "
-                             f"{spec.value!r}")
+            raise ValueError(
+                f"fused_cpu: compile spec {spec.key!r} takes one of {allowed}; got {spec.value!r}"
+            )
         found[spec.key] = spec.value
     return found
 
@@ -266,7 +282,9 @@ class FusedCpuBackend(BackendDetails):
     backend_id = BACKEND_ID
 
     @classmethod
-    def preprocess(cls, edge_program: Any, compile_specs: Sequence[CompileSpec]) -> PreprocessResult:
+    def preprocess(
+        cls, edge_program: Any, compile_specs: Sequence[CompileSpec]
+    ) -> PreprocessResult:
         specs = _parse_specs(compile_specs)
         encoder = _Encoder(edge_program, inplace=specs.get("inplace", b"1") == b"1")
         encoder.placeholders()

@@ -69,8 +69,10 @@ class FusedCpuPartitioner(Partitioner):
         self.ops = frozenset(ops) if ops is not None else OPS
         unknown = sorted(self.ops - OPS)
         if unknown:
-            raise ValueError(f"FusedCpuPartitioner: the backend does not run {unknown}; it runs "
-                             f"a subset of exportir.backends.fused_cpu.runtime.OPS")
+            raise ValueError(
+                f"FusedCpuPartitioner: the backend does not run {unknown}; it runs "
+                f"a subset of exportir.backends.fused_cpu.runtime.OPS"
+            )
         self.own_constants = own_constants
 
     def is_supported(self, node: Node) -> bool:
@@ -90,9 +92,11 @@ class FusedCpuPartitioner(Partitioner):
     def partition(self, exported_program: Any) -> PartitionResult:
         graph = exported_program.graph
         parts = [
-            p for p in propose_partitions(graph, self.is_supported)
-            if any(op_name(n.target) not in LAYOUT_OPS for n in p
-                   if n.target is not operator.getitem)
+            p
+            for p in propose_partitions(graph, self.is_supported)
+            if any(
+                op_name(n.target) not in LAYOUT_OPS for n in p if n.target is not operator.getitem
+            )
         ]
         tags = tag_partitions(parts)
         if self.own_constants:
@@ -101,8 +105,7 @@ class FusedCpuPartitioner(Partitioner):
 
     def _tag_constants(self, program: Any) -> None:
         signature = program.graph_signature
-        mutated = {s.target for s in signature.output_specs
-                   if s.kind == OutputKind.BUFFER_MUTATION}
+        mutated = {s.target for s in signature.output_specs if s.kind == OutputKind.BUFFER_MUTATION}
         kinds = {getattr(s.arg, "name", None): s for s in signature.input_specs}
         for node in program.graph.find_nodes(op="placeholder"):
             spec = kinds.get(node.name)

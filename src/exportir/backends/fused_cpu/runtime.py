@@ -212,8 +212,9 @@ def _op(entry: Any, i: int, slots: int, free: list[Any], inplace: list[Any]) -> 
         fn=_resolve_op(name, f"{field}.op", bool(inplace[i])),
         name=name,
         node=node,
-        args=tuple(_arg(a, f"{field}.args[{k}]", slots)
-                   for k, a in enumerate(_list(args, f"{field}.args"))),
+        args=tuple(
+            _arg(a, f"{field}.args[{k}]", slots) for k, a in enumerate(_list(args, f"{field}.args"))
+        ),
         kwargs={str(k): _arg(v, f"{field}.kwargs.{k}", slots) for k, v in kwargs.items()},
         outs=out_slots,
         multi=multi,
@@ -235,9 +236,12 @@ def _constant(entry: Any, i: int, slots: int, data: memoryview) -> tuple[int, to
     offset, nbytes = _int(offset, f"{field}.offset"), _int(nbytes, f"{field}.nbytes")
     numel = math.prod(dims)
     if numel * dtype.itemsize != nbytes or offset + nbytes > len(data):
-        raise _fail(field, f"{nbytes} bytes at offset {offset} do not hold {dims} {dtype_name} "
-                    f"inside the {len(data)}-byte data segment")
-    raw = bytearray(data[offset:offset + nbytes])  # copied: the blob may view a mapped file
+        raise _fail(
+            field,
+            f"{nbytes} bytes at offset {offset} do not hold {dims} {dtype_name} "
+            f"inside the {len(data)}-byte data segment",
+        )
+    raw = bytearray(data[offset : offset + nbytes])  # copied: the blob may view a mapped file
     tensor = torch.frombuffer(raw, dtype=dtype) if nbytes else torch.empty(0, dtype=dtype)
     return slot, tensor.reshape(dims)
 
@@ -255,13 +259,13 @@ def _header(blob: bytes | memoryview) -> tuple[dict[str, Any], memoryview]:
     if start + length > len(view):
         raise _fail("header", f"header of {length} bytes runs past the blob end")
     try:
-        header = json.loads(bytes(view[start:start + length]).decode("utf-8"))
+        header = json.loads(bytes(view[start : start + length]).decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise _fail("header", f"not valid JSON ({e})") from None
     if not isinstance(header, dict):
         raise _fail("header", "expected a JSON object")
     data_start = -(-(start + length) // ALIGNMENT) * ALIGNMENT
-    return header, view[min(data_start, len(view)):]
+    return header, view[min(data_start, len(view)) :]
 
 
 def decode(blob: bytes | memoryview) -> FusedProgram:
@@ -279,8 +283,10 @@ def decode(blob: bytes | memoryview) -> FusedProgram:
         num_values=slots,
         inputs=tuple(_int(s, "inputs", slots) for s in _list(header["inputs"], "inputs")),
         outputs=tuple(_int(s, "outputs", slots) for s in _list(header["outputs"], "outputs")),
-        constants=tuple(_constant(c, i, slots, data)
-                        for i, c in enumerate(_list(header["constants"], "constants"))),
+        constants=tuple(
+            _constant(c, i, slots, data)
+            for i, c in enumerate(_list(header["constants"], "constants"))
+        ),
         ops=tuple(_op(e, i, slots, free, inplace) for i, e in enumerate(ops)),
     )
 
@@ -300,7 +306,8 @@ def run(program: FusedProgram, inputs: Sequence[Any]) -> list[Any]:
     """Run a decoded blob on ``inputs``; returns its outputs."""
     if len(inputs) != len(program.inputs):
         raise FusedCpuExecutionError(
-            f"fused_cpu delegate takes {len(program.inputs)} inputs; got {len(inputs)}")
+            f"fused_cpu delegate takes {len(program.inputs)} inputs; got {len(inputs)}"
+        )
     values: list[Any] = [None] * program.num_values
     for slot, tensor in program.constants:
         values[slot] = tensor

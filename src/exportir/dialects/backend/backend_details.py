@@ -55,10 +55,14 @@ class BackendDetails:
             cls.backend_id = cls.__name__
 
     @classmethod
-    def preprocess(cls, edge_program: Any, compile_specs: Sequence[CompileSpec]) -> PreprocessResult:
+    def preprocess(
+        cls, edge_program: Any, compile_specs: Sequence[CompileSpec]
+    ) -> PreprocessResult:
         """Compile ``edge_program`` (an Edge ``ExportedProgram``) into the runtime's blob."""
-        raise NotImplementedError(f"{cls.__name__} must implement preprocess(edge_program, "
-                                  "compile_specs) -> PreprocessResult")
+        raise NotImplementedError(
+            f"{cls.__name__} must implement preprocess(edge_program, "
+            "compile_specs) -> PreprocessResult"
+        )
 
     @classmethod
     def runtime(cls) -> Any | None:

@@ -91,8 +91,10 @@ class LoweredBackendModule(torch.nn.Module):
         return new
 
     def extra_repr(self) -> str:
-        return (f"backend_id={self._backend_id!r}, processed_bytes={len(self._processed_bytes)} B, "
-                f"compile_specs={[s.key for s in self._compile_specs]}")
+        return (
+            f"backend_id={self._backend_id!r}, processed_bytes={len(self._processed_bytes)} B, "
+            f"compile_specs={[s.key for s in self._compile_specs]}"
+        )
 
 
 class ExecutorchCallDelegate(HigherOrderOperator):

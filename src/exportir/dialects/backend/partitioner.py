@@ -44,8 +44,6 @@ class Partitioner(ABC):
     def partition(self, exported_program: Any) -> PartitionResult:
         """Tag the nodes backends take (see the module docstring)."""
 
-    def ops_to_not_decompose(
-        self, ep: Any
-    ) -> tuple[list[Any], Callable[[Any], bool] | None]:
+    def ops_to_not_decompose(self, ep: Any) -> tuple[list[Any], Callable[[Any], bool] | None]:
         """ATen ops the backend wants kept whole by ``to_edge`` (and a node filter)."""
         return [], None

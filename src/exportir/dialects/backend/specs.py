@@ -60,8 +60,9 @@ class DelegationSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.backend_id, str) or not self.backend_id:
-            raise TypeError(f"DelegationSpec backend_id must be a non-empty str; got "
-                            f"{self.backend_id!r}")
+            raise TypeError(
+                f"DelegationSpec backend_id must be a non-empty str; got {self.backend_id!r}"
+            )
         object.__setattr__(self, "compile_specs", _specs(self.compile_specs))
 
 

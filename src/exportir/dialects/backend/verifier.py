@@ -59,8 +59,11 @@ def _user_input_count(lowered: LoweredBackendModule) -> int | None:
 def _check_delegate_call(gm: GraphModule, node: Node) -> None:
     lowered = _lowered_of(gm, node)
     if lowered is None:
-        _fail(node, "the first argument of a delegate call must be a get_attr of a "
-              "LoweredBackendModule.", _REBUILD)
+        _fail(
+            node,
+            "the first argument of a delegate call must be a get_attr of a LoweredBackendModule.",
+            _REBUILD,
+        )
         return
     if not (isinstance(lowered.backend_id, str) and lowered.backend_id):
         _fail(node, f"the lowered module has backend_id {lowered.backend_id!r}.", _REBUILD)
@@ -68,21 +71,31 @@ def _check_delegate_call(gm: GraphModule, node: Node) -> None:
         _fail(node, "the lowered module's processed_bytes are not bytes.", _REBUILD)
     expected = _user_input_count(lowered)
     if expected is not None and expected != len(node.args) - 1:
-        _fail(node, f"the delegate call passes {len(node.args) - 1} values; the lowered "
-              f"{lowered.backend_id} program takes {expected}.", _REBUILD)
+        _fail(
+            node,
+            f"the delegate call passes {len(node.args) - 1} values; the lowered "
+            f"{lowered.backend_id} program takes {expected}.",
+            _REBUILD,
+        )
     val = node.meta.get("val")
     if not isinstance(val, (tuple, list)):
-        _fail(node, f"meta['val'] of a delegate call must be the tuple of its outputs; got "
-              f"{type(val).__name__}.", _REBUILD)
+        _fail(
+            node,
+            f"meta['val'] of a delegate call must be the tuple of its outputs; got "
+            f"{type(val).__name__}.",
+            _REBUILD,
+        )
         return
     for user in node.users:
         index = user.args[1] if user.target is operator.getitem and len(user.args) == 2 else None
-        if user.op != "call_function" or not isinstance(index, int) or not (
-            0 <= index < len(val)
-        ):
-            _fail(user, f"the result of delegate call {node.name} is used by {user.name} "
-                  f"({user.op} {user.target}); it may only be indexed with "
-                  f"operator.getitem(call, i), 0 <= i < {len(val)}.", _REBUILD)
+        if user.op != "call_function" or not isinstance(index, int) or not (0 <= index < len(val)):
+            _fail(
+                user,
+                f"the result of delegate call {node.name} is used by {user.name} "
+                f"({user.op} {user.target}); it may only be indexed with "
+                f"operator.getitem(call, i), 0 <= i < {len(val)}.",
+                _REBUILD,
+            )
 
 
 def _check_lowered_reads(gm: GraphModule, node: Node) -> None:
@@ -93,9 +106,13 @@ def _check_lowered_reads(gm: GraphModule, node: Node) -> None:
         return
     for user in node.users:
         if user.target is not executorch_call_delegate or user.args[0] is not node:
-            _fail(user, f"lowered module {node.target} is read by {user.name} ({user.target}); "
-                  "only executorch_call_delegate may take a lowered module, as its first "
-                  "argument.", _REBUILD)
+            _fail(
+                user,
+                f"lowered module {node.target} is read by {user.name} ({user.target}); "
+                "only executorch_call_delegate may take a lowered module, as its first "
+                "argument.",
+                _REBUILD,
+            )
 
 
 class BackendVerifier(EdgeVerifier):

@@ -6,6 +6,7 @@ Mirrors ``torch.export``: ``export``, ``save`` / ``load``, ``register_dataclass`
 """
 
 from exportir.export._export import export
+from exportir.export.dynamic_shapes import Dim, ShapesCollection, dims
 from exportir.export.exported_program import (
     ExportedProgram,
     ModuleCallEntry,
@@ -34,6 +35,7 @@ from exportir.pytree import register_dataclass
 __all__ = [
     "ConstantArgument",
     "CustomObjArgument",
+    "Dim",
     "ExportBackwardSignature",
     "ExportGraphSignature",
     "ExportedProgram",
@@ -43,6 +45,7 @@ __all__ = [
     "ModuleCallSignature",
     "OutputKind",
     "OutputSpec",
+    "ShapesCollection",
     "SpecViolationError",
     "SymBoolArgument",
     "SymFloatArgument",
@@ -51,6 +54,7 @@ __all__ = [
     "TokenArgument",
     "Verifier",
     "default_decompositions",
+    "dims",
     "export",
     "load",
     "register_dataclass",

@@ -111,9 +111,24 @@ def test_dynamic_result_beyond_its_upper_bound_is_caught():
     b.outputs.append(out)
     method = Program.from_schema(program_of(b)).method()
     assert method(torch.ones(3))[0].shape == (3,)
-    with pytest.raises(RuntimeFailure, match=r"beyond its planned upper bound \(4,\)") as info:
+    with pytest.raises(RuntimeFailure, match=r"needs more memory than the plan gives it "
+                       r"\(planned: value 1 \(4,\)\); call with inputs within") as info:
         method(torch.ones(6))
     assert info.value.instruction == 0 and info.value.source == "m.py:9"
+    assert method(torch.full((4,), -1.0))[0].tolist() == [0, 0, 0, 0]  # still usable
+
+
+def test_static_output_never_spills_into_its_neighbours():
+    b = MethodBuilder()
+    x = b.input("x", (2, 3))
+    small = b.planned((2,))  # wrong plan: too small for relu(x)
+    guard = b.planned((4,))
+    b.kernel("aten::relu", "out", (x, small), "relu", "m.py:5")
+    b.outputs += [small, guard]
+    method = Program.from_schema(program_of(b)).method()
+    with pytest.raises(RuntimeFailure, match="needs more memory than the plan gives it"):
+        method(torch.ones(2, 3))
+    assert method._template[guard].tolist() == [0, 0, 0, 0]
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,11 @@
 """Tensors over the memory a program describes: planned arenas, constants, runtime allocations.
 
-* Arenas are allocated once per method as byte tensors (``torch.empty(n, dtype=uint8)``: a plain
-  byte buffer, 64-byte aligned by torch's CPU allocator); each planned tensor is a view of its
-  ``Allocation`` (``arena[offset:offset + nbytes]`` reinterpreted with the tensor's dtype, sizes
-  and the strides its ``dim_order`` implies).
+* Arenas are allocated once per method as ``bytearray`` s (zero-filled, their start aligned to
+  64 bytes). Each planned tensor is ``torch.frombuffer(arena, dtype, count, offset)`` shaped by
+  its sizes and the strides its ``dim_order`` implies: a tensor over exactly the bytes of its
+  ``Allocation``, with its own **non-resizable** storage. A kernel that tries to write more than
+  the plan gave a value (a dynamic size beyond its upper bound) fails instead of spilling into
+  its neighbours.
 * Constants are ``torch.frombuffer`` views of the program's constant buffers; when the program
   was loaded from a file those buffers view the memory-mapped file, so weights are never copied.
   Such views are read-only memory: the runtime never lets an instruction write into them.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -46,9 +49,36 @@ def is_contiguous_order(dim_order: Sequence[int]) -> bool:
     return all(d == i for i, d in enumerate(dim_order))
 
 
-def allocate_arenas(sizes: Sequence[int]) -> list[torch.Tensor]:
-    """One zero-filled byte tensor per planned arena."""
-    return [torch.zeros(n, dtype=torch.uint8) for n in sizes]
+ARENA_ALIGNMENT = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Arena:
+    """Planned memory: ``buffer[base:base + size]`` (``base`` aligns the start to 64 bytes)."""
+
+    buffer: bytearray
+    base: int
+    size: int
+
+    def as_tensor(self) -> torch.Tensor:
+        """The arena's bytes as a uint8 tensor (a view, for inspection)."""
+        if self.size == 0:
+            return torch.empty(0, dtype=torch.uint8)
+        return torch.frombuffer(self.buffer, dtype=torch.uint8, count=self.size, offset=self.base)
+
+
+def _address(buffer: bytearray) -> int:
+    return torch.frombuffer(buffer, dtype=torch.uint8, count=1).data_ptr()
+
+
+def allocate_arenas(sizes: Sequence[int]) -> list[Arena]:
+    """One zero-filled, 64-byte-aligned arena per planned size."""
+    arenas = []
+    for n in sizes:
+        buffer = bytearray(n + ARENA_ALIGNMENT)
+        base = -_address(buffer) % ARENA_ALIGNMENT
+        arenas.append(Arena(buffer, base, n))
+    return arenas
 
 
 def _shape(flat: torch.Tensor, t: schema.Tensor) -> torch.Tensor:
@@ -57,14 +87,23 @@ def _shape(flat: torch.Tensor, t: schema.Tensor) -> torch.Tensor:
     return flat.as_strided(t.sizes, strides_for(t.sizes, t.dim_order))
 
 
-def arena_view(arenas: Sequence[torch.Tensor], t: schema.Tensor) -> torch.Tensor:
-    """The tensor ``t`` (with ``Allocation`` storage) as a view of its arena bytes."""
+def arena_view(arenas: Sequence[Arena], t: schema.Tensor) -> torch.Tensor:
+    """The tensor ``t`` (with ``Allocation`` storage) over exactly its bytes of its arena."""
     alloc = t.storage
     if not isinstance(alloc, schema.Allocation):
         raise TypeError(f"tensor storage {alloc!r} is not planned")
     dtype = torch_dtype(t.dtype)
-    window = arenas[alloc.arena][alloc.offset : alloc.offset + alloc.nbytes]
-    return _shape(window.view(dtype), t)
+    count = alloc.nbytes // schema.ELEMENT_SIZE[t.dtype]
+    if count == 0:
+        return torch.empty(t.sizes, dtype=dtype)
+    arena = arenas[alloc.arena]
+    flat = torch.frombuffer(arena.buffer, dtype=dtype, count=count, offset=arena.base + alloc.offset)
+    return _shape(flat, t)
+
+
+def layout_of(t: schema.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The (sizes, strides) a planned tensor has when the method is prepared."""
+    return tuple(t.sizes), strides_for(t.sizes, t.dim_order)
 
 
 def buffer_tensor(data: bytes | memoryview, t: schema.Tensor) -> torch.Tensor:

@@ -76,6 +76,7 @@ class Method:
         "_input_checks",
         "_lists",
         "_out_spec",
+        "_planned",
         "_program",
         "_steps",
         "_template",
@@ -88,6 +89,7 @@ class Method:
         self.meta = meta
         self._program = program
         self._arenas = memory.allocate_arenas(meta.plan.arenas)
+        self._planned: list[tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]] = []
         self._lists: dict[int, tuple[int, ...]] = {}
         self._template = self._build_values()
         # Values whose Python object changes from call to call: the inputs, and (added while
@@ -199,6 +201,7 @@ class Method:
                 return self._program._constant(b, t)
             case schema.Allocation():
                 view = memory.arena_view(self._arenas, t)
+                self._planned.append((view, *memory.layout_of(t)))
                 if t.initial is not None:  # mutable state starts from its constant
                     view.copy_(self._program._constant(t.initial, t))
                 return view
@@ -347,9 +350,18 @@ class Method:
             try:
                 pc = steps[pc](values)
             except RuntimeFailure:
+                self._restore_layouts()
                 raise
             except Exception as exc:
+                self._restore_layouts()
                 raise self._failure(pc, f"{type(exc).__name__}: {exc}") from exc
+
+    def _restore_layouts(self) -> None:
+        """Give every planned tensor back its planned shape after a failed run (a kernel may
+        have resized an out before failing), so the next call starts from the plan."""
+        for tensor, sizes, strides in self._planned:
+            if tensor.shape != sizes or tensor.stride() != strides:
+                tensor.as_strided_(sizes, strides, 0)
 
     def _output(self, values: list[Any], index: int) -> Any:
         value = self._resolve(values, index)
@@ -491,9 +503,21 @@ def _check_capacity(out: _Out, tensor: torch.Tensor) -> None:
     if used > out.capacity:
         raise ValueError(
             f"value {out.value} grew to shape {tuple(tensor.shape)} ({used} bytes), beyond "
-            f"its planned upper bound {out.sizes} ({out.capacity} bytes); export with a smaller "
-            "max in dynamic_shapes or call with smaller inputs"
+            f"its planned upper bound {out.sizes} ({out.capacity} bytes); {_BOUND_HINT}"
         )
+
+
+_BOUND_HINT = (
+    "call with inputs within the sizes the method was exported for, or export with a larger "
+    "max in dynamic_shapes"
+)
+
+
+def _overflow(outs: Sequence[_Out]) -> ValueError:
+    planned = ", ".join(f"value {o.value} {o.sizes}" for o in outs)
+    return ValueError(
+        f"a result needs more memory than the plan gives it (planned: {planned}); {_BOUND_HINT}"
+    )
 
 
 def _kernel_step(
@@ -536,7 +560,12 @@ def _kernel_step(
     def step(values: list[Any]) -> int:
         for o in dynamic_outs:
             o.tensor.resize_(0)
-        returned = bound() if bound is not None else fn(args_of(values))
+        try:
+            returned = bound() if bound is not None else fn(args_of(values))
+        except RuntimeError as exc:  # planned tensors have fixed-size storage
+            if "not resizable" in str(exc):
+                raise _overflow(outs) from exc
+            raise
         for tensor, size, o in static_outs:
             # emptying an out is harmless (batch norm's unused save_mean / save_invstd)
             if tensor.shape != size and tensor.numel() != 0:

@@ -535,3 +535,46 @@ def test_python_bool_pred_specializes() -> None:
     ep = _export_fn(lambda x: torch.cond(True, lambda a: a + 1, lambda a: a - 1, (x,)), X)
     assert not any(_is_hop(n) for n in ep.graph.nodes)
     torch.testing.assert_close(ep.module()(X), X + 1)
+
+
+class _Sin(nn.Module):
+    def forward(self, x):
+        return x.sin()
+
+
+class _Cos(nn.Module):
+    def forward(self, x):
+        return x.cos() + 1
+
+
+class DirectCond(nn.Module):
+    """The operator called directly, modules as branches: torch keeps a single tensor output
+    (no getitem, ``return sin`` in the branch) instead of torch.cond's flattened tuple."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.t, self.f = _Sin(), _Cos()
+
+    def forward(self, x):
+        return torch.ops.higher_order.cond(x.sum() > 0, self.t, self.f, (x,))
+
+
+def test_direct_operator_form_matches_torch() -> None:
+    x = torch.randn(2, 3)
+    ours, theirs = export(DirectCond(), (x,)), h.torch_export(DirectCond(), (x,))
+    assert str(ours.graph) == str(theirs.graph)
+    for name in ("true_graph_0", "false_graph_0"):
+        assert str(getattr(ours.graph_module, name).graph) == str(
+            getattr(theirs.graph_module, name).graph
+        )
+    for probe in (x.abs(), -x.abs()):
+        expected = probe.sin() if probe.sum() > 0 else probe.cos() + 1
+        torch.testing.assert_close(ours.module()(probe), expected)
+        torch.testing.assert_close(ours.run_decompositions().module()(probe), expected)
+
+
+def test_eager_torch_cond_still_works_after_export() -> None:
+    """Capture must not leave dynamo state behind (torch.cond compiles a wrapper)."""
+    _export_fn(lambda x: torch.cond(x.sum() > 0, lambda a: a + 1, lambda a: a - 1, (x,)), X)
+    out = torch.cond(X.sum() > 0, lambda a: a + 1, lambda a: a - 1, (X,))
+    torch.testing.assert_close(out, X + 1 if X.sum() > 0 else X - 1)

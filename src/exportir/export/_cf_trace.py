@@ -51,9 +51,13 @@ SUBGRAPH_ARGS: dict[Any, tuple[int, ...]] = {
 class SubgraphRecorder(Recorder):
     """Records one body; tensors of enclosing graphs are lifted to placeholders on first use."""
 
-    def __init__(self, parent: Recorder) -> None:
+    def __init__(self, parent: Recorder, op: Any) -> None:
         super().__init__(decomposition_table=parent.decomposition_table)
         self.parent = parent
+        self.shape_env = parent.shape_env
+        # source_fn_stack of the body's nodes starts with the operator (seed 002's ['cond', ...])
+        outer = getattr(parent, "source_prefix", [])
+        self.source_prefix: list[tuple[str, Any]] = [*outer, (op.__name__, op)]
         self.converter = parent.converter  # state and constants belong to the root graph
         self.attr_constants = parent.attr_constants
         self.modules, self.functions = parent.modules, parent.functions
@@ -84,6 +88,7 @@ class SubgraphRecorder(Recorder):
         super()._fill_meta(node, func, val)
         if self.origin is None:  # name the line inside the body, not only the call site
             node.meta["stack_trace"] = _with_body_frame(node.meta.get("stack_trace") or "")
+            node.meta["source_fn_stack"] = [*self.source_prefix, *node.meta["source_fn_stack"]]
 
     def lift(self, outer: Node, value: Any) -> Node:
         known = self.free.get(outer)
@@ -126,11 +131,15 @@ class Traced:
 
 
 def trace_body(
-    parent: Recorder, fn: Callable[..., Any], inputs: Sequence[tuple[str, Any]], call_args: tuple
+    parent: Recorder,
+    op: Any,
+    fn: Callable[..., Any],
+    inputs: Sequence[tuple[str, Any]],
+    call_args: tuple,
 ) -> Traced:
-    """Run ``fn(*call_args)`` recording into a fresh subgraph whose first placeholders are
-    ``inputs`` (name, fake); the fakes inside ``call_args`` must be those of ``inputs``."""
-    sub = SubgraphRecorder(parent)
+    """Run ``fn``, a body of ``op``, on ``call_args``, recording into a fresh subgraph whose
+    first placeholders are ``inputs`` (name, fake); ``call_args`` holds the fakes of ``inputs``."""
+    sub = SubgraphRecorder(parent, op)
     for name, fake in inputs:
         sub.bind(name, fake)
     call_args = _rebind(sub, inputs, call_args)

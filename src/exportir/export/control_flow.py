@@ -28,6 +28,7 @@ node, decomposing them with the same table.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any, Self
 
@@ -112,22 +113,43 @@ def capture_cond(
     """``cond(pred, true_graph_i, false_graph_i, operands + lifted)``; returns the branch
     outputs with the true branch's structure."""
     _check_cond_inputs(pred, true_fn, false_fn, operands)
-    if isinstance(pred, (bool, int, float)):
-        return true_fn(*operands) if pred else false_fn(*operands)
+    # a Python bool reaches the operator only when it is called directly (torch.cond runs the
+    # taken branch itself); torch keeps both branches then, with the literal predicate
     flat_ops, _ = pytree.tree_flatten(operands)
     inputs = [(rec.node_for(o).name, o) for o in flat_ops]
-    true_body = trace_body(rec, true_fn, inputs, tuple(operands))
-    false_body = trace_body(rec, false_fn, inputs, tuple(operands))
+    true_body = trace_body(rec, higher_order.cond, true_fn, inputs, tuple(operands))
+    false_body = trace_body(rec, higher_order.cond, false_fn, inputs, tuple(operands))
     _check_branches_match(true_body, false_body)
     lifted = lifted_union([true_body, false_body])
     i = fresh_index(rec, "true_graph", "false_graph")
     true_name, false_name = f"true_graph_{i}", f"false_graph_{i}"
-    rec.subgraphs[true_name] = finish(true_body, lifted)
-    rec.subgraphs[false_name] = finish(false_body, lifted)
+    # torch.cond (traced by dynamo in torch) flattens the outputs into a tuple read with
+    # getitem; the operator called directly keeps a branch's single tensor as is
+    single = true_body.spec.is_leaf() and not _called_from("_cond_op_wrapper")
+    rec.subgraphs[true_name] = finish(true_body, lifted, single_output=single)
+    rec.subgraphs[false_name] = finish(false_body, lifted, single_output=single)
     all_ops = tuple(flat_ops) + tuple(value for _, value in lifted)
     outs = tuple(fake_like(v, requires_grad=False) for v in true_body.vals)
-    rec.record(higher_order.cond, (pred, true_name, false_name, all_ops), {}, outs)
+    args = (pred, true_name, false_name, all_ops)
+    if single:
+        rec.record(higher_order.cond, args, {}, outs[0])
+        return outs[0]
+    rec.record(higher_order.cond, args, {}, outs)
     return pytree.tree_unflatten(list(outs), true_body.spec)
+
+
+def _called_from(wrapper: str) -> bool:
+    """Whether torch's user-facing wrapper (``torch.cond``'s ``_cond_op_wrapper``) called the
+    operator, a few frames up (through ``__call__`` and the torch-function dispatch)."""
+    frame = sys._getframe(1)
+    for _ in range(12):
+        if frame is None:
+            return False
+        code = frame.f_code
+        if code.co_name == wrapper and "/torch/" in code.co_filename.replace("\\", "/"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _check_cond_inputs(pred: Any, true_fn: Any, false_fn: Any, operands: Any) -> None:
@@ -200,7 +222,7 @@ def capture_map(rec: Recorder, f: Callable, xs: Any, pos_args: Any = ()) -> Any:
     slices = [_first_slice(x) for x in xs]
     inputs = [(rec.node_for(x).name, s) for x, s in zip(xs, slices)]
     inputs += [(rec.node_for(a).name, a) for a in pos_args]
-    body = trace_body(rec, f, inputs, (*slices, *pos_args))
+    body = trace_body(rec, higher_order.map_impl, f, inputs, (*slices, *pos_args))
     lifted = lifted_union([body])
     name = f"body_graph_{fresh_index(rec, 'body_graph')}"
     rec.subgraphs[name] = finish(body, lifted)
@@ -287,8 +309,8 @@ def capture_while_loop(
     fresh = [fake_like(c, requires_grad=False) for c in carried]  # values change per iteration
     inputs = [("carried", c) for c in fresh] + [("additional", a) for a in additional]
     args = (*fresh, *additional)
-    cond_body = trace_body(rec, cond_fn, inputs, args)
-    loop_body = trace_body(rec, body_fn, inputs, args)
+    cond_body = trace_body(rec, higher_order.while_loop, cond_fn, inputs, args)
+    loop_body = trace_body(rec, higher_order.while_loop, body_fn, inputs, args)
     _check_cond_fn_output(cond_body)
     _check_body_fn_output(loop_body, carried)
     lifted = lifted_union([cond_body, loop_body])

@@ -12,7 +12,7 @@ import torch
 from corpus.export_models import BY_NAME, ENTRIES, build
 
 from exportir import pytree
-from exportir.runtime import DelegateRegistry, Program, default_delegate_registry
+from exportir.runtime import DelegateRegistry, Program, RuntimeFailure, default_delegate_registry
 
 
 def _compile(name: str, delegate: bool = False) -> bytes:
@@ -130,3 +130,29 @@ def test_batch_norm_eval_runs_without_resize_warnings(capfd):
     method(*args, **kwargs)
     method(*args, **kwargs)
     assert "resized" not in capfd.readouterr().err
+
+
+def test_dynamic_shapes_run_at_every_size_within_the_bounds():
+    from exportir.export import Dim, export
+    from exportir.program.manager import to_edge
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 3)
+
+        def forward(self, x, y):
+            h = self.fc(x).relu()
+            return torch.cat([h, y], dim=0).sum(0), h.reshape(-1), x.new_ones(x.shape[0], 2)
+
+    torch.manual_seed(0)
+    model = Net().eval()
+    shapes = {"x": {0: Dim("b", min=1, max=16)}, "y": {0: Dim("c", min=1, max=8)}}
+    ep = export(model, (torch.randn(5, 4), torch.randn(3, 3)), dynamic_shapes=shapes)
+    method = Program.load(to_edge(ep).to_program().buffer).method()
+    for n, k in ((1, 1), (16, 8), (5, 3), (7, 2)):
+        x, y = torch.randn(n, 4), torch.randn(k, 3)
+        _assert_same(method(x, y), model(x, y))
+    with pytest.raises(RuntimeFailure, match="call with inputs within the sizes"):
+        method(torch.randn(17, 4), torch.randn(2, 3))
+    _assert_same(method(x, y), model(x, y))  # still usable after the failure

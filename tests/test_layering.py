@@ -27,6 +27,7 @@ ALLOWED_INTERNAL = {
     "dialects": _CAPTURE,
     "passes": _CAPTURE | {"dialects"},
     "program": _CAPTURE | {"dialects", "passes", "backends"},
+    "backends": _CAPTURE | {"dialects", "passes", "program", "runtime"},
     # the runtime sees only the program format (finer rule: tests/runtime/test_imports.py)
     "runtime": {"program"},
 }

@@ -29,6 +29,8 @@ import torch
 from exportir import pytree
 from exportir.export._node_meta import innermost_user_frame
 from exportir.export.capture import CaptureMode, ExportError, Recorder
+
+_SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 from exportir.export.fake import FakeTensor
 from exportir.export.functionalize import functionalize, view_base
 from exportir.fx import Graph, GraphModule, Node
@@ -72,6 +74,7 @@ class SubgraphRecorder(Recorder):
         node.meta["val"] = fake
         if isinstance(fake, torch.Tensor):
             self.nodes[id(fake)] = (fake, node)
+            self._track_sizes(fake, node)  # symbolic sizes -> sym_size of this placeholder
         self.explicit.append(node)
         return node
 
@@ -98,8 +101,21 @@ class SubgraphRecorder(Recorder):
         node.meta["val"] = value
         if isinstance(value, torch.Tensor):
             self.nodes[id(value)] = (value, node)
+            self._track_sizes(value, node)
+        elif isinstance(value, _SYM_TYPES):
+            self._track_sym(value.node, node)
         self.free[outer] = (node, value)
         return node
+
+    def sym_arg(self, x: Any) -> Any:
+        """A symbolic value no size or arithmetic of this body computes is lifted from the
+        enclosing graph (torch lifts SymInts to operands the same way)."""
+        expr = x.node.expr
+        known = id(x.node) in self.sym_nodes or expr in self.sym_by_expr
+        if known or expr.is_number or expr.is_Boolean:
+            return super().sym_arg(x)
+        outer = self.parent.sym_arg(x)
+        return self.lift(outer, x) if isinstance(outer, Node) else outer
 
 
 def _with_body_frame(trace: str) -> str:
@@ -143,8 +159,15 @@ def trace_body(
     for name, fake in inputs:
         sub.bind(name, fake)
     call_args = _rebind(sub, inputs, call_args)
-    with CaptureMode(sub):
-        out = _call_body(sub, fn, call_args)
+    env = sub.shape_env
+    listener = env.op_listener
+    if listener is not None:  # symbolic arithmetic in the body is recorded in the body
+        env.op_listener = sub.on_sym_op
+    try:
+        with CaptureMode(sub):
+            out = _call_body(sub, fn, call_args)
+    finally:
+        env.op_listener = listener
     vals, spec = pytree.tree_flatten(out)
     traced = Traced(fn, sub, vals, spec)
     for v in vals:

@@ -403,9 +403,7 @@ def test_data_dependent_branch_points_at_the_user_line():
     assert "torch.cond" in str(info.value)
 
 
-def test_strict_and_dynamic_shapes_are_not_implemented():
+def test_strict_mode_is_not_implemented():
     mod, args, kwargs = _basic()
     with pytest.raises(NotImplementedError, match="non-strict"):
         export(mod, args, kwargs, strict=True)
-    with pytest.raises(NotImplementedError, match="dynamic shapes are not built yet"):
-        export(mod, args, kwargs, dynamic_shapes={"x": {0: None}})

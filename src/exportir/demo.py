@@ -1,10 +1,10 @@
-"""``make demo``: trace a small built-in model with exportir.fx and show what FX sees.
+"""``make demo``: the whole exportir road on small built-in models.
 
-Prints the graph in the FX text format, the Python code generated from it, the tabular view,
-and checks the traced module against eager PyTorch on a random input.
+Part 1 traces a residual MLP with exportir.fx and prints its graph, generated code and table.
+Part 2 (``exportir.demo_pipeline``) exports a small CNN, lowers it to the Edge dialect, emits a
+program file, loads it in the runtime, runs it and compares with eager PyTorch.
 """
 
-from __future__ import annotations
 
 import torch
 
@@ -56,7 +56,13 @@ def main() -> int:
     same = torch.allclose(expected, got)
     _section("check against eager")
     print(f"traced module == eager module on a random input: {same}")
-    return 0 if same else 1
+    if not same:
+        return 1
+
+    from exportir import demo_pipeline
+
+    print("\n\n######## export -> edge -> program file -> runtime ########")
+    return demo_pipeline.main()
 
 
 if __name__ == "__main__":

@@ -555,15 +555,6 @@ def test_default_decompositions_keep_preserved_ops():
     assert torch.ops.aten.add.Tensor not in table  # core
 
 
-def _retrace_available() -> bool:
-    try:
-        from exportir.export.capture import retrace  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _retrace_available(), reason="exportir.export.capture.retrace missing")
 @pytest.mark.parametrize("name", ["mlp", "cnn_bn_train", "buffer_inplace", "dict_io"])
 def test_run_decompositions_matches_torch(name):
     _module, args, kwargs, tep = corpus_program(name)

@@ -182,19 +182,52 @@ def test_dtype_combination_outside_the_table_is_rejected(edge):
 def test_non_edge_dtype_is_rejected_and_can_be_let_through():
     from exportir.dialects.edge.config import EdgeCompileConfig
 
-    class Half(nn.Module):
+    class Complex(nn.Module):
         def forward(self, x):
-            return (x.to(torch.bfloat16) * 3).float()
+            return (x.to(torch.complex64) * 3).abs()
 
     with pytest.raises(SpecViolationError) as info:
-        _edge(Half(), (torch.randn(2),))
+        _edge(Complex(), (torch.randn(2),))
     message = str(info.value)
-    assert "torch.bfloat16 is not an edge dtype" in message and "node _to_copy" in message
+    assert "torch.complex64 is not an edge dtype" in message and "node _to_copy" in message
     assert "_check_ir_validity=False" in message and f"{THIS_FILE}:" in message
     relaxed = _edge(
-        Half(), (torch.randn(2),), compile_config=EdgeCompileConfig(_check_ir_validity=False)
+        Complex(), (torch.randn(2),), compile_config=EdgeCompileConfig(_check_ir_validity=False)
     )
     assert relaxed.exported_program().dialect == "EDGE"
+
+
+def test_reduced_precision_floats_pass_where_the_kernels_run_them():
+    class Reduced(nn.Module):
+        def forward(self, x):
+            h = torch.sigmoid(x.to(torch.bfloat16) * 3)
+            return h.float() + x.half().float()
+
+    edge = _edge(Reduced(), (torch.randn(2),))  # edge_reduced_float.yaml admits these nodes
+    assert edge.exported_program().dialect == "EDGE"
+    # edge.yaml and the printed allowed_types keep the seed's eight dtypes
+    sigmoid = ops.edge.aten.sigmoid.default
+    assert torch.bfloat16 not in sigmoid._schema.returns[0].allowed_types
+
+
+def test_reduced_float_combination_the_kernels_refuse_is_rejected():
+    class MixedReduced(nn.Module):
+        def forward(self, x):
+            return torch.sigmoid(x.to(torch.bfloat16)).to(torch.float16)
+
+    from exportir.export.fake import fake_like
+
+    def claim_bf16_to_half_sigmoid(gm):
+        node = _node(gm, "sigmoid")  # sigmoid(BFloat16) -> BFloat16; claim it returns Half
+        node.meta["val"] = fake_like(torch.zeros(2, dtype=torch.float16))
+
+    edge = _edge(MixedReduced(), (torch.randn(2),))
+    message = _expect(
+        edge,
+        claim_bf16_to_half_sigmoid,
+        "(self: torch.bfloat16, __ret_0: torch.float16)",
+        "with Half/BFloat16: (self=BFloat16|Half, __ret_0=<same as self>)",
+    )
 
 
 # ---------------------------------------------------------------------------- rule 4: scalar I/O

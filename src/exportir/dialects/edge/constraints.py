@@ -37,8 +37,11 @@ from typing import Any
 import torch
 
 __all__ = [
+    "ALL_DTYPE_NAMES",
+    "ALL_EDGE_DTYPES",
     "DTYPE_NAMES",
     "EDGE_DTYPES",
+    "REDUCED_FLOAT_NAMES",
     "DtypeSet",
     "OpDtypeConstraint",
     "aggregate",
@@ -46,6 +49,7 @@ __all__ = [
     "format_entry",
     "is_tensor_like",
     "load_constraints",
+    "reduced_float_constraint_for",
     "tensor_variable_names",
 ]
 
@@ -60,8 +64,17 @@ DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.float32: "Float",
     torch.float64: "Double",
 }
-NAME_DTYPES: dict[str, torch.dtype] = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 EDGE_DTYPES: tuple[torch.dtype, ...] = tuple(DTYPE_NAMES)
+
+# Reduced-precision floats. The ATen CPU kernels run many ops in Half and BFloat16, so the Edge
+# dialect accepts them where the kernels do; their combinations live in a second generated
+# table, ``edge_reduced_float.yaml`` (same DSL), so that ``edge.yaml`` and the ``allowed_types``
+# printed from it keep the seed's eight dtypes (seed 001 shows sigmoid's table over them). The
+# verifier admits a node when either table does (:func:`reduced_float_constraint_for`).
+REDUCED_FLOAT_NAMES: dict[torch.dtype, str] = {torch.float16: "Half", torch.bfloat16: "BFloat16"}
+ALL_DTYPE_NAMES: dict[torch.dtype, str] = {**DTYPE_NAMES, **REDUCED_FLOAT_NAMES}
+ALL_EDGE_DTYPES: tuple[torch.dtype, ...] = tuple(ALL_DTYPE_NAMES)
+NAME_DTYPES: dict[str, torch.dtype] = {name: dtype for dtype, name in ALL_DTYPE_NAMES.items()}
 
 # Display order of dtype sets. Python orders a set of dtypes by their (address-based) hashes,
 # which changes from run to run; a fixed order makes printed schemas reproducible. This one
@@ -74,6 +87,7 @@ _DISPLAY_ORDER: tuple[torch.dtype, ...] = (
 _DISPLAY_RANK = {d: i for i, d in enumerate(_DISPLAY_ORDER)}
 
 _YAML_PATH = Path(__file__).with_name("edge.yaml")
+_REDUCED_YAML_PATH = Path(__file__).with_name("edge_reduced_float.yaml")
 
 
 class DtypeSet(frozenset):
@@ -164,7 +178,7 @@ class OpDtypeConstraint:
                     parts.append(f"{name}=<same as {first_use[alias]}>")
                     continue
                 first_use[alias] = name
-                names = sorted(DTYPE_NAMES[d] for d in self.type_alias[alias])
+                names = sorted(ALL_DTYPE_NAMES[d] for d in self.type_alias[alias])
                 parts.append(f"{name}={'|'.join(names)}")
             lines.append("(" + ", ".join(parts) + ")")
         return "; ".join(lines) if lines else "(no dtype combination is supported)"
@@ -183,12 +197,15 @@ def _parse_entry(raw: Mapping[str, Any]) -> OpDtypeConstraint:
     return OpDtypeConstraint(raw["func"], raw["inherits"], aliases, rows)
 
 
-def load_constraints(text: str | None = None) -> dict[str, OpDtypeConstraint]:
-    """Parse ``edge.yaml`` (or ``text`` in its format); keys are ``inherits`` names."""
+def load_constraints(
+    text: str | None = None, path: Path = _YAML_PATH
+) -> dict[str, OpDtypeConstraint]:
+    """Parse ``edge.yaml`` (or ``text`` in its format, or the file at ``path``); keys are
+    ``inherits`` names."""
     import yaml
 
     if text is None:
-        text = _YAML_PATH.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     entries = yaml.safe_load(text) or []
     table: dict[str, OpDtypeConstraint] = {}
     for raw in entries:
@@ -202,6 +219,11 @@ def _table() -> dict[str, OpDtypeConstraint]:
     return load_constraints()
 
 
+@functools.cache
+def _reduced_table() -> dict[str, OpDtypeConstraint]:
+    return load_constraints(path=_REDUCED_YAML_PATH)
+
+
 def yaml_key(op: torch._ops.OpOverload) -> str:
     """``aten::add.Tensor`` / ``aten::sigmoid`` (default overloads carry no suffix)."""
     name = op._schema.name
@@ -213,11 +235,17 @@ def constraint_for(op: torch._ops.OpOverload) -> OpDtypeConstraint | None:
     return _table().get(yaml_key(op))
 
 
+def reduced_float_constraint_for(op: torch._ops.OpOverload) -> OpDtypeConstraint | None:
+    """The Half/BFloat16 combinations of ``op`` (``edge_reduced_float.yaml``), or None."""
+    return _reduced_table().get(yaml_key(op))
+
+
 def permissive_constraint(schema: torch._C.FunctionSchema) -> OpDtypeConstraint:
-    """The constraint of an op edge.yaml does not list: any edge dtype for every tensor."""
+    """The constraint of an op edge.yaml does not list: any edge dtype (reduced-precision
+    floats included) for every tensor."""
     args, rets = tensor_variable_names(schema)
     names = [*args, *rets]
-    aliases = {f"T{i}": DtypeSet(EDGE_DTYPES) for i in range(len(names))}
+    aliases = {f"T{i}": DtypeSet(ALL_EDGE_DTYPES) for i in range(len(names))}
     row = {name: f"T{i}" for i, name in enumerate(names)}
     func = schema.name.split("::", 1)[-1]
     return OpDtypeConstraint(func, schema.name, aliases, (row,) if names else ())

@@ -12,7 +12,7 @@ node), every graph, nested ones included, must satisfy, in this order per node:
    may return a view (the Edge dialect has copy semantics).
 2. **no scalar operands** -- no Python number where the op's schema expects a ``Tensor``.
 3. **dtype constraints** -- the dtypes of an edge op's tensor arguments and results are a
-   combination ``edge.yaml`` allows.
+   combination ``edge.yaml`` allows, or (Half / BFloat16) ``edge_reduced_float.yaml`` allows.
 4. **no scalar inputs/outputs** -- graph inputs the graph uses, and graph outputs computed by
    nodes, are tensors (literal constants burned in at export may be returned).
 
@@ -33,9 +33,10 @@ from torch._ops import HigherOrderOperator, OpOverload
 
 from exportir.dialects.edge.config import CONFIG_META_KEY, EdgeCompileConfig
 from exportir.dialects.edge.constraints import (
-    DTYPE_NAMES,
-    EDGE_DTYPES,
+    ALL_DTYPE_NAMES,
+    ALL_EDGE_DTYPES,
     is_tensor_like,
+    reduced_float_constraint_for,
     tensor_variable_names,
 )
 from exportir.dialects.edge.ops import EdgeOpOverload
@@ -211,16 +212,22 @@ def _check_dtypes(node: Node) -> None:
     dtypes = node_dtypes(node, target.aten_op)
     if constraint.validate(dtypes):
         return
-    outside = sorted({str(d) for d in dtypes.values() if d is not None and d not in EDGE_DTYPES})
+    reduced = reduced_float_constraint_for(target.aten_op)
+    if reduced is not None and reduced.validate(dtypes):
+        return  # a Half / BFloat16 combination the kernels run (edge_reduced_float.yaml)
+    outside = sorted(
+        {str(d) for d in dtypes.values() if d is not None and d not in ALL_EDGE_DTYPES}
+    )
     if outside:
         what = (
             f"{_op_label(target)} got dtypes ({_describe_dtypes(dtypes)}); {', '.join(outside)} "
-            f"is not an edge dtype (edge dtypes: {', '.join(DTYPE_NAMES.values())})."
+            f"is not an edge dtype (edge dtypes: {', '.join(ALL_DTYPE_NAMES.values())})."
         )
     else:
         what = (
             f"{_op_label(target)} does not support the dtype combination "
-            f"({_describe_dtypes(dtypes)}). Allowed (edge.yaml): {constraint.describe()}."
+            f"({_describe_dtypes(dtypes)}). Allowed (edge.yaml): {constraint.describe()}"
+            + (f"; with Half/BFloat16: {reduced.describe()}." if reduced is not None else ".")
         )
     _fail(
         node,

@@ -156,3 +156,23 @@ def test_dynamic_shapes_run_at_every_size_within_the_bounds():
     with pytest.raises(RuntimeFailure, match="call with inputs within the sizes"):
         method(torch.randn(17, 4), torch.randn(2, 3))
     _assert_same(method(x, y), model(x, y))  # still usable after the failure
+
+
+def test_symbolic_size_used_as_a_tensor_operand():
+    from exportir.export import Dim, export
+    from exportir.program.manager import to_edge
+
+    class Scale(torch.nn.Module):
+        def forward(self, x, h, n):
+            return h * x.shape[0], n + x.shape[0], (x.sum(0) / x.shape[0])
+
+    model = Scale().eval()
+    x, h, n = torch.randn(4, 3), torch.randn(3), torch.arange(3, dtype=torch.int32)
+    ep = export(model, (x, h, n), dynamic_shapes={"x": {0: Dim("b", min=2, max=10)}, "h": None,
+                                                  "n": None})
+    method = Program.load(to_edge(ep).to_program().buffer).method()
+    for b in (2, 4, 9):
+        x = torch.randn(b, 3)
+        got, expected = method(x, h, n), model(x, h, n)
+        _assert_same(got, expected)
+        assert [t.dtype for t in got] == [t.dtype for t in expected]  # int32 stays int32

@@ -19,6 +19,7 @@ from exportir.program import kernels, planning, schema
 from exportir.program.kernels import EmitError, source_line
 
 _CONSTANT_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
+_RUNTIME_SCALARS = (schema.Int, schema.Double, schema.Bool)
 _MUTATION_KINDS = ("BUFFER_MUTATION", "PARAMETER_MUTATION")
 
 
@@ -116,6 +117,8 @@ class MethodEmitter:
         self.whole_method: list[int] = []
         self.by_input_name: dict[str, int] = {}
         self.state_value: dict[str, int] = {}
+        self.scalar_tensors: dict[Node, int] = {}
+        self.current: Node | None = None  # the node being emitted (debug info of helpers)
 
     # -- values ---------------------------------------------------------------------------------
 
@@ -199,9 +202,11 @@ class MethodEmitter:
     def tensor_arg(self, value: Any, dtype_hint: torch.dtype | None) -> int:
         if isinstance(value, Node):
             ref = self.node_ref(value)
-            if not isinstance(self.values[ref], (schema.Tensor, _PendingTensor)):
-                raise EmitError(f"node {value.name!r} is not a tensor but is passed as one")
-            return ref
+            if isinstance(self.values[ref], (schema.Tensor, _PendingTensor)):
+                return ref
+            if isinstance(self.values[ref], _RUNTIME_SCALARS):
+                return self.scalar_as_tensor(value, ref)
+            raise EmitError(f"node {value.name!r} is not a tensor but is passed as one")
         if isinstance(value, torch.Tensor):
             return self.constant_tensor(value)
         if isinstance(value, bool):
@@ -214,6 +219,23 @@ class MethodEmitter:
                 torch.tensor(value, dtype=dtype_hint if floating else torch.float32)
             )
         raise EmitError(f"expected a tensor argument; got {value!r}")
+
+    def scalar_as_tensor(self, value: Node, ref: int) -> int:
+        """A 0-dim tensor holding the run-time scalar ``value`` (a symbolic size used as a
+        ``Tensor`` operand, ``h * x.shape[0]``): ``aten::scalar_tensor.out`` fills it where the
+        scalar is first used as a tensor. Its dtype follows Python's scalar promotion: int64 for
+        ints, the default float dtype for floats, bool for bools."""
+        found = self.scalar_tensors.get(value)
+        if found is not None:
+            return found
+        scalar = self.values[ref]
+        dtype = (torch.bool if isinstance(scalar, schema.Bool) else torch.int64
+                 if isinstance(scalar, schema.Int) else torch.get_default_dtype())
+        out = self.new_tensor(torch.empty((), dtype=dtype), f"{value.name}_tensor")
+        index = self.operator_index(kernels.operator_of(torch.ops.aten.scalar_tensor.out))
+        self.emit_instruction(lambda d: schema.KernelCall(index, (ref, out), d), self.current)
+        self.scalar_tensors[value] = out
+        return out
 
     def scalar_arg(self, value: Any) -> int:
         if isinstance(value, Node):
@@ -473,6 +495,7 @@ class MethodEmitter:
                 if isinstance(obj, torch.Tensor):
                     self.node_value[node] = self.constant_tensor(obj)
             elif node.op == "call_function":
+                self.current = node
                 self.emit_call(node)
             elif node.op == "output":
                 outputs, output_names = self.emit_outputs(node)

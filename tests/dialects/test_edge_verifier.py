@@ -222,7 +222,7 @@ def test_reduced_float_combination_the_kernels_refuse_is_rejected():
         node.meta["val"] = fake_like(torch.zeros(2, dtype=torch.float16))
 
     edge = _edge(MixedReduced(), (torch.randn(2),))
-    message = _expect(
+    _expect(
         edge,
         claim_bf16_to_half_sigmoid,
         "(self: torch.bfloat16, __ret_0: torch.float16)",

@@ -288,3 +288,21 @@ def test_metadata_must_be_kept(edge):
 
     with pytest.raises(SpecViolationError, match=r"sigmoid .*missing metadata \['stack_trace'\]"):
         edge.transform([_rewrite(drop_stack_trace)])
+
+
+def test_default_exception_list_accepts_training_batch_norm_and_adaptive_max_pool():
+    from exportir.dialects.edge.config import DEFAULT_CORE_ATEN_OPS_EXCEPTIONS
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = nn.BatchNorm2d(2)
+            self.pool = nn.AdaptiveMaxPool2d((2, 3))
+
+        def forward(self, x):
+            return self.pool(self.bn(x))
+
+    ep = _edge(Net().train(), (torch.randn(2, 2, 5, 7),)).exported_program()
+    aten_ops = {n.target.aten_op for n in ep.graph.nodes if hasattr(n.target, "aten_op")}
+    for op in DEFAULT_CORE_ATEN_OPS_EXCEPTIONS:
+        assert op in aten_ops and torch.Tag.core not in op.tags

@@ -176,3 +176,29 @@ def test_symbolic_size_used_as_a_tensor_operand():
         got, expected = method(x, h, n), model(x, h, n)
         _assert_same(got, expected)
         assert [t.dtype for t in got] == [t.dtype for t in expected]  # int32 stays int32
+
+
+def test_training_batch_norm_updates_running_stats_like_eager():
+    from exportir.export import export
+    from exportir.program.manager import to_edge
+
+    class BN(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = torch.nn.BatchNorm2d(3, momentum=0.3)
+
+        def forward(self, x):
+            y = self.bn(x)
+            stats = (self.bn.running_mean * 1, self.bn.running_var * 1)
+            return y, *stats, self.bn.num_batches_tracked + 0
+
+    torch.manual_seed(0)
+    ours, eager = BN().train(), BN().train()
+    eager.load_state_dict(ours.state_dict())
+    manager = to_edge(export(ours, (torch.randn(2, 3, 4, 4),))).to_program()
+    ops = {str(o) for m in manager.program.methods for o in m.operators}
+    assert any("_native_batch_norm_legit" in o and "functional" not in o for o in ops), ops
+    method = Program.load(manager.buffer).method()
+    for i in range(3):  # the running statistics are method state, updated on every call
+        x = torch.randn(2, 3, 4, 4) * (i + 1) + i
+        _assert_same(method(x), eager(x))

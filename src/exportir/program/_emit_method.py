@@ -327,10 +327,10 @@ class MethodEmitter:
                 ref = self.add(schema.TensorList(items))
                 self.node_value[node] = ref
                 return [ref]
-            if len(items) != len(choice.out_args):
+            if len(items) != choice.num_results:
                 raise EmitError(
                     f"node {node.name!r}: {kernels.display_name(choice.out)} has "
-                    f"{len(choice.out_args)} out arguments for {len(items)} results"
+                    f"{choice.num_results} out arguments for {len(items)} results"
                 )
             return list(items)
         ref = self.new_tensor(val, node.name, contiguous)
@@ -343,14 +343,25 @@ class MethodEmitter:
         if choice is None:  # checked by check_kernel_coverage; kept for direct callers
             raise EmitError(f"node {node.name!r}: {kernels.display_name(op)} has no out variant")
         bound = self.bind(node, op)
-        outs = self.results(node, choice)
+        results = self.results(node, choice)
         val = node.meta.get("val")
         hint = val.dtype if isinstance(val, torch.Tensor) else None
+        copied = {}
+        for name, index in choice.copied:  # the mutated inputs run on copies in these results
+            src = self.tensor_arg(bound.get(name), hint)
+            self.emit_instruction(
+                lambda d, s=src, t=results[index]: schema.MoveCall(s, t, d), node
+            )
+            copied[name] = results[index]
+        skip = {index for _, index in choice.copied}
+        outs = [r for i, r in enumerate(results) if i not in skip]
         args, k = [], 0
         for a in choice.out._schema.arguments:
             if a.is_out:
                 args.append(outs[k])
                 k += 1
+            elif a.name in copied:
+                args.append(copied[a.name])
             else:
                 args.append(self.arg(a.type, bound.get(a.name), hint))
         index = self.operator_index(choice.operator)

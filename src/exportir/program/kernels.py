@@ -57,11 +57,22 @@ SYM_OPS: frozenset[str] = frozenset({"aten::sym_size.int", "aten::sym_numel", "a
 
 @dataclass(frozen=True, slots=True)
 class KernelChoice:
-    """The out-variant overload running a functional op, and its out argument names."""
+    """The out-variant overload running a functional op, and its out argument names.
+
+    ``copied`` lists ``(argument, result index)`` pairs for an out variant that mutates some
+    of its inputs (see :data:`COPY_IN_OUT_VARIANTS`): the emitter copies the input into that
+    result's tensor first and passes the result in the argument's place. The other results
+    go to ``out_args`` in order.
+    """
 
     functional: torch._ops.OpOverload
     out: torch._ops.OpOverload
     out_args: tuple[str, ...]
+    copied: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def num_results(self) -> int:
+        return len(self.out_args) + len(self.copied)
 
     @property
     def operator(self) -> schema.Operator:
@@ -152,9 +163,36 @@ def _match_out(functional: torch._ops.OpOverload, packet: Any) -> KernelChoice |
     return KernelChoice(functional, best, outs)
 
 
+# Functional ops without an out variant of their own that run as the out variant of their
+# mutating form, on copies of the inputs it mutates: functional op -> (out variant, ((mutated
+# argument, functional result index receiving it), ...)). Training-mode batch norm returns the
+# updated running statistics as results 3 and 4; ``_native_batch_norm_legit.out`` updates them
+# in place (as ExecuTorch's portable kernel does), so it runs on copies made in those results.
+COPY_IN_OUT_VARIANTS: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = {
+    "aten::_native_batch_norm_legit_functional": (
+        "aten::_native_batch_norm_legit.out", (("running_mean", 3), ("running_var", 4)),
+    ),
+}
+
+
+def _copy_in_variant(op: torch._ops.OpOverload) -> KernelChoice | None:
+    entry = COPY_IN_OUT_VARIANTS.get(qualified_name(op))
+    if entry is None:
+        return None
+    name, copied = entry
+    base, _, overload = name.partition(".")
+    ns, _, opname = base.partition("::")
+    out = getattr(getattr(getattr(torch.ops, ns), opname), overload)
+    outs = tuple(a.name for a in out._schema.arguments if a.is_out)
+    return KernelChoice(op, out, outs, copied)
+
+
 @functools.cache
 def out_variant(op: torch._ops.OpOverload) -> KernelChoice | None:
     """The out variant running ``op`` (via its ``*_copy`` op for views), or None."""
+    copy_in = _copy_in_variant(op)
+    if copy_in is not None:
+        return copy_in
     if any(a.is_out for a in op._schema.arguments):
         outs = tuple(a.name for a in op._schema.arguments if a.is_out)
         return KernelChoice(op, op, outs)  # already an out variant

@@ -5,11 +5,29 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CONFIG_META_KEY", "EdgeCompileConfig"]
+import torch
+
+__all__ = ["CONFIG_META_KEY", "DEFAULT_CORE_ATEN_OPS_EXCEPTIONS", "EdgeCompileConfig"]
 
 # The edge program's graph module carries its config here, so re-verification (after
 # ``transform``, after loading) applies the same exceptions.
 CONFIG_META_KEY = "edge_compile_config"
+
+_aten = torch.ops.aten
+
+# Non-core ATen ops every Edge program may contain (ExecuTorch's verifier keeps such a default
+# exception list too): ops export produces that no core decomposition removes, whose kernels
+# the runtime has. Op -> why it is accepted and how it runs.
+DEFAULT_CORE_ATEN_OPS_EXCEPTIONS: dict[Any, str] = {
+    _aten.adaptive_max_pool2d.default: (
+        "nn.AdaptiveMaxPool2d has no core decomposition for arbitrary output sizes; runs as "
+        "aten::adaptive_max_pool2d.out"
+    ),
+    _aten._native_batch_norm_legit_functional.default: (
+        "training-mode batch norm (running statistics returned as results); runs as "
+        "aten::_native_batch_norm_legit.out on copies of the running statistics"
+    ),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,7 +36,7 @@ class EdgeCompileConfig:
 
     - ``_check_ir_validity``: run the Edge verifier's dialect checks (op set, dtypes, scalars).
     - ``_core_aten_ops_exception_list``: non-core ATen ops the verifier accepts (your backend
-      or runtime has kernels for them).
+      or runtime has kernels for them), besides :data:`DEFAULT_CORE_ATEN_OPS_EXCEPTIONS`.
     - ``preserve_ops``: ops kept whole (not decomposed) by ``to_edge``; accepted by the
       verifier too.
     """
@@ -28,4 +46,7 @@ class EdgeCompileConfig:
     preserve_ops: list[Any] = field(default_factory=list)
 
     def accepted_noncore_ops(self) -> frozenset[Any]:
-        return frozenset((*self._core_aten_ops_exception_list, *self.preserve_ops))
+        return frozenset((
+            *DEFAULT_CORE_ATEN_OPS_EXCEPTIONS, *self._core_aten_ops_exception_list,
+            *self.preserve_ops,
+        ))

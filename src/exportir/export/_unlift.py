@@ -140,7 +140,7 @@ class _DimChecker:
     def check(self, expected: Any, actual: Any, key_path: pytree.KeyPath, dim: int | None) -> None:
         if _is_symbolic(actual):
             return  # symbolic (fake) inputs are not checked, as in torch
-        if not isinstance(expected, torch.SymInt):
+        if not _is_symbolic(expected):  # static, or a symbol the program specialized
             if actual != int(expected):
                 raise RuntimeError(
                     f"Expected input at {_where(key_path, dim)} to be equal to {expected}, but "

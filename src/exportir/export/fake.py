@@ -28,6 +28,7 @@ from typing import Any, Self
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves as pytree_leaves
 from torch.utils._pytree import tree_map
 
 from exportir.export._unbacked import UNBACKED_RULES, custom_fake_impl, fake_impl_context
@@ -234,6 +235,8 @@ def run_fake(func: Any, args: tuple, kwargs: dict, converter: FakeConverter) -> 
     if what is not None and (env is None or func not in UNBACKED_RULES):
         raise data_dependent(what)
     unwrapped = _unwrap(args, kwargs, converter)
+    if env is None:  # a pass (functionalize) re-running an op on symbolic values
+        env = _shape_env_of(unwrapped)
     out_device = _result_device(func, kwargs, unwrapped.device)
     if env is None:
         meta_out = _call_meta(func, unwrapped)
@@ -246,7 +249,27 @@ def run_fake(func: Any, args: tuple, kwargs: dict, converter: FakeConverter) -> 
     return _wrap(meta_out, unwrapped.fakes, out_device)
 
 
+def _shape_env_of(u: _Unwrapped) -> ShapeEnv | None:
+    """The ShapeEnv of the first symbolic size or scalar among the (meta) arguments."""
+    for x in pytree_leaves((u.args, u.kwargs)):
+        if isinstance(x, torch.Tensor):
+            for s in x.shape:
+                if isinstance(s, torch.SymInt):
+                    return s.node.shape_env
+        elif isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return x.node.shape_env
+    return None
+
+
 def _call_meta_symbolic(func: Any, u: _Unwrapped, env: ShapeEnv) -> Any:
+    # Python meta kernels and decompositions (torch._meta_registrations, torch._refs) handle
+    # symbolic sizes where some C++ CompositeExplicitAutograd kernels want concrete ints; the
+    # Python dispatcher routes to them, as it does during capture.
+    with torch._C._EnablePythonDispatcher():
+        return _call_meta_symbolic_kernel(func, u, env)
+
+
+def _call_meta_symbolic_kernel(func: Any, u: _Unwrapped, env: ShapeEnv) -> Any:
     rule = UNBACKED_RULES.get(func)
     if rule is not None:
         with _no_modes():

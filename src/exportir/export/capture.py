@@ -24,6 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from exportir import pytree
+from exportir.export._composite import KEPT_WHOLE, CompositeOverrides
 from exportir.export._node_meta import (
     ModuleCalls,
     TorchFunctions,
@@ -31,7 +32,14 @@ from exportir.export._node_meta import (
     innermost_user_frame,
     source_fn_entry,
 )
-from exportir.export.fake import FakeConverter, FakeTensor, fake_like, fakify, run_fake
+from exportir.export.fake import (
+    FakeConverter,
+    FakeTensor,
+    fake_like,
+    fakify,
+    run_fake,
+    shape_env_of,
+)
 from exportir.fx import Graph, GraphModule, Node
 from exportir.symbolic import ShapeEnv
 
@@ -188,6 +196,10 @@ class Recorder:
                 out = func.decompose(*args, **kwargs)
             if out is not NotImplemented:
                 return out
+        return self.run_and_record(func, args, kwargs)
+
+    def run_and_record(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """The default rule: run ``func`` on fakes; a node when the result holds tensors."""
         _check_mutations(self, func, args, kwargs)
         out = run_fake(func, args, kwargs, self.converter)
         if isinstance(out, _SYM_TYPES):  # .item(): the node binds an unbacked symbol
@@ -301,9 +313,38 @@ def _lift_fresh(rec: Recorder, func: Any, args: tuple, kwargs: dict) -> Any:
     return out
 
 
+def _kept_whole(rec: Recorder, func: Any, args: tuple, kwargs: dict) -> Any:
+    """A composite op torch keeps whole (_composite.KEPT_WHOLE): one node, not its parts."""
+    return rec.run_and_record(func, args, kwargs)
+
+
+def _assert_tensor_metadata(rec: Recorder, func: Any, args: tuple, kwargs: dict) -> None:
+    """Checked against the fake now, kept as a node (torch.export's guard before ``to``)."""
+    x = args[0]
+    wanted = {**dict(zip(("size", "stride", "dtype"), args[1:])), **kwargs}
+    for what, want in wanted.items():
+        have = _TENSOR_METADATA[what](x)
+        if want is not None and have != want:
+            raise ExportError(
+                f"a tensor's {what} is {have}, where {want} was recorded.\n"
+                f"  {innermost_user_frame()}"
+            )
+    rec.record(func, args, kwargs, None)
+
+
+_TENSOR_METADATA: dict[str, Callable[[torch.Tensor], Any]] = {
+    "size": lambda t: list(t.shape),
+    "stride": lambda t: list(t.stride()),
+    "dtype": lambda t: t.dtype,
+    "device": lambda t: t.device,
+    "layout": lambda t: t.layout,
+}
+
 SPECIAL_OPS: dict[Any, SpecialRule] = {
     aten.lift_fresh.default: _lift_fresh,
     aten.lift_fresh_copy.default: _lift_fresh,
+    aten._assert_tensor_metadata.default: _assert_tensor_metadata,
+    **dict.fromkeys(KEPT_WHOLE, _kept_whole),
 }
 
 
@@ -324,17 +365,19 @@ class TraceSettings:
     recorded ops are then the ones torch.export's decomposition produces.
     """
 
-    __slots__ = ("_dispatcher", "_mkldnn")
+    __slots__ = ("_composite", "_dispatcher", "_mkldnn")
 
     def __enter__(self) -> Self:
         self._dispatcher = torch._C._EnablePythonDispatcher()
         self._dispatcher.__enter__()
         self._mkldnn = torch._C._get_mkldnn_enabled()
         torch._C._set_mkldnn_enabled(False)
+        self._composite = CompositeOverrides().__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
         try:
+            self._composite.__exit__(*exc)
             torch._C._set_mkldnn_enabled(self._mkldnn)
         finally:
             self._dispatcher.__exit__(*exc)
@@ -706,7 +749,8 @@ def retrace(
     table = dict(decomposition_table or {})
     if table:
         table = {**_ALWAYS_DECOMPOSED, **table}
-    rec = Recorder(decomposition_table=table)
+    # symbolic inputs keep their symbols: the program's ShapeEnv (ranges, replacements) goes on
+    rec = Recorder(decomposition_table=table, shape_env=shape_env_of(flat_fake_inputs))
     env: dict[Node, Any] = {}
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
     if len(placeholders) != len(flat_fake_inputs):
@@ -720,15 +764,19 @@ def retrace(
         node.meta.update({k: v for k, v in ph.meta.items() if k != "val"})
         env[ph] = fake
     output = None
-    with TraceSettings(), CaptureMode(rec), _control_flow().ControlFlowMode():
-        for node in gm.graph.nodes:
-            if node.op == "call_function":
-                rec.origin = node
-                env[node] = _rerun(node, env)
-            elif node.op == "get_attr":  # a cond/map/while_loop body
-                env[node] = getattr(gm, node.target)
-            elif node.op == "output":
-                output = node
+    rec.shape_env.op_listener = rec.on_sym_op  # symbolic arithmetic nodes are re-recorded
+    try:
+        with TraceSettings(), CaptureMode(rec), _control_flow().ControlFlowMode():
+            for node in gm.graph.nodes:
+                if node.op == "call_function":
+                    rec.origin = node
+                    env[node] = _rerun(node, env)
+                elif node.op == "get_attr":  # a cond/map/while_loop body
+                    env[node] = getattr(gm, node.target)
+                elif node.op == "output":
+                    output = node
+    finally:
+        rec.shape_env.op_listener = None
     rec.origin = output
     flat_out = pytree.tree_leaves(_lookup(output.args[0], env))
     rec.graph.output(tuple(_output_value(rec, o) for o in flat_out))

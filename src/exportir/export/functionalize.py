@@ -31,6 +31,7 @@ from exportir.fx import Graph, Node
 aten = torch.ops.aten
 
 _META_KEYS = ("stack_trace", "nn_module_stack", "source_fn_stack")
+_COMPUTE = object()  # emit(): compute the node's ``val`` on fakes
 
 
 class FunctionalizationError(RuntimeError):
@@ -396,14 +397,14 @@ class Functionalizer:
 
     # -- emitting nodes ----------------------------------------------------------------------
 
-    def emit(self, target: Any, args: tuple, kwargs: dict, val: Any = None) -> Node:
+    def emit(self, target: Any, args: tuple, kwargs: dict, val: Any = _COMPUTE) -> Node:
         name = getattr(target, "overloadpacket", target).__name__  # getitem, cond, map_impl...
         node = self.new.create_node("call_function", target, args, kwargs, name=name)
         if self.origin is not None:
             for key in _META_KEYS:
                 if key in self.origin.meta:
                     node.meta[key] = self.origin.meta[key]
-        node.meta["val"] = val if val is not None else self._compute_val(target, args, kwargs)
+        node.meta["val"] = self._compute_val(target, args, kwargs) if val is _COMPUTE else val
         return node
 
     def _compute_val(self, target: Any, args: tuple, kwargs: dict) -> Any:
@@ -461,7 +462,9 @@ class Functionalizer:
             self.same[n] = n.args[0]  # same value, no node: torch drops these too
             return
         base = view_base(n)
-        new = self.emit(n.target, self.map_arg(n.args), self._map_kwargs(n), n.meta.get("val"))
+        new = self.emit(
+            n.target, self.map_arg(n.args), self._map_kwargs(n), n.meta.get("val", _COMPUTE)
+        )
         self.value[n] = new
         if base is not None:
             base = self.resolve(base)

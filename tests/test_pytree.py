@@ -427,15 +427,118 @@ def test_defaultdict_and_enum_context_round_trip() -> None:
     assert ep.tree_unflatten([], enum_spec) == [Color.RED]
 
 
-def test_loads_never_imports() -> None:
-    payload = json.dumps([1, {
-        "type": "collections.defaultdict",
-        "context": {"default_factory_module": "some_module_that_is_not_loaded",
-                    "default_factory_name": "f", "dict_context": []},
-        "children_spec": []}])
-    with pytest.raises(ValueError, match="is not imported"):
+# Crafted specs that, resolved with getattr / import, would import a module or bind code that
+# runs later (a defaultdict factory runs on the first missing key). All must be refused.
+_CODE_NAMES = [("os", "system"), ("builtins", "eval"), ("builtins", "exec"),
+               ("subprocess", "run"), ("subprocess", "Popen"), ("subprocess", "check_output"),
+               ("torch", "_dynamo"), ("torch", "onnx"), ("some_module_that_is_not_loaded", "f")]
+
+
+def _spec_json(type_name: str, context: Any) -> str:
+    return json.dumps([1, {"type": type_name, "context": context, "children_spec": []}])
+
+
+def _factory_spec(module: str, name: str) -> str:
+    return _spec_json("collections.defaultdict", {
+        "default_factory_module": module, "default_factory_name": name, "dict_context": ["k"]})
+
+
+def _enum_spec(module: str, name: str) -> str:
+    return _spec_json("builtins.list", json.dumps({"__enum__": True, "fqn": f"{module}:{name}",
+                                                  "name": "X"}))
+
+
+CRAFTED_SPECS: dict[str, tuple[str, str]] = {
+    **{f"factory-{m}.{n}": (_factory_spec(m, n), "default_factory .* is not allowed")
+       for m, n in _CODE_NAMES + [("builtins", "bool"), ("collections", "OrderedDict")]},
+    **{f"enum-{m}:{n}": (_enum_spec(m, n), "enum fqn: ")
+       for m, n in _CODE_NAMES + [("exportir.pytree", "TreeSpec.unflatten"),
+                                  ("exportir.pytree", "TreeSpec.<locals>")]},
+    **{f"namedtuple-{m}.{n}": (_spec_json("collections.namedtuple", f"{m}.{n}"),
+                               "Can't deserialize TreeSpec of namedtuple class")
+       for m, n in _CODE_NAMES},
+    # registered node types that are not namedtuple classes
+    "namedtuple-builtins.dict": (_spec_json("collections.namedtuple", "builtins.dict"),
+                                 "not a namedtuple class"),
+    "namedtuple-test_pytree.Color": (_spec_json("collections.namedtuple", "test_pytree.Color"),
+                                     "not a namedtuple class"),
+    "type-os.system": (_spec_json("os.system", "null"), "is not registered"),
+    "factory-not-str": (_spec_json("collections.defaultdict", {
+        "default_factory_module": ["os"], "default_factory_name": "system",
+        "dict_context": []}), "default_factory .* is not allowed"),
+}
+
+
+@pytest.mark.parametrize("label", sorted(CRAFTED_SPECS))
+def test_crafted_specs_are_rejected(label: str) -> None:
+    payload, message = CRAFTED_SPECS[label]
+    with pytest.raises(ep.TreeSpecSerializationError, match=message):
         ep.treespec_loads(payload)
-    assert "some_module_that_is_not_loaded" not in sys.modules
+
+
+def test_crafted_specs_import_nothing() -> None:
+    # A fresh interpreter, so that nothing imported by other tests hides a lazy import. The
+    # LazyLoader module checks that reading a namespace never executes a lazy module either.
+    code = f"""
+import importlib.util, json, sys
+import torch
+import exportir.pytree as ep
+spec = importlib.util.find_spec("colorsys")
+spec.loader = importlib.util.LazyLoader(spec.loader)
+lazy = sys.modules["colorsys"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(lazy)
+payloads = {[p for p, _ in CRAFTED_SPECS.values()]!r}
+payloads.append({_enum_spec("colorsys", "rgb_to_hsv")!r})
+before = set(sys.modules)
+for payload in payloads:
+    try:
+        ep.treespec_loads(payload)
+    except ep.TreeSpecSerializationError:
+        continue
+    raise SystemExit("accepted: " + payload)
+assert set(sys.modules) == before, sorted(set(sys.modules) - before)
+assert "torch._dynamo" not in sys.modules and "torch.onnx" not in sys.modules
+assert type(lazy).__name__ == "_LazyModule", "the lazy module was executed"
+"""
+    env_path = ":".join(p for p in sys.path if p)
+    subprocess.run([sys.executable, "-c", code], check=True, env={"PYTHONPATH": env_path})
+
+
+class Outer:
+    class Inner(enum.Enum):
+        A = "a"
+
+
+@pytest.mark.parametrize("factory", [list, dict, set, int, float, str, tuple])
+def test_safe_defaultdict_factories_round_trip_like_torch(factory: Any) -> None:
+    tree = defaultdict(factory, {"a": 1, 2: [3]})
+    text = ep.treespec_dumps(ep.tree_structure(tree))
+    assert text == tp.treespec_dumps(tp.tree_structure(tree))
+    loaded = ep.treespec_loads(text)
+    assert loaded == ep.tree_structure(tree) and loaded.context[0] is factory
+    assert tp.treespec_loads(text) == tp.tree_structure(tree)
+
+
+def test_none_factory_and_nested_enum_round_trip() -> None:
+    spec = ep.tree_structure(defaultdict(None, {"a": 1}))
+    loaded = ep.treespec_loads(ep.treespec_dumps(spec))
+    assert loaded == spec and loaded.context[0] is None
+    enum_spec = ep.tree_structure([Outer.Inner.A])
+    assert ep.treespec_loads(ep.treespec_dumps(enum_spec)) == enum_spec
+
+
+def test_unsafe_factory_dumps_like_torch_but_does_not_load() -> None:
+    tree = defaultdict(bool, {"a": 1})
+    text = ep.treespec_dumps(ep.tree_structure(tree))
+    assert text == tp.treespec_dumps(tp.tree_structure(tree))
+    with pytest.raises(ep.TreeSpecSerializationError, match="builtins.bool"):
+        ep.treespec_loads(text)
+
+
+def test_export_serializer_vets_with_the_same_allowlist() -> None:
+    from exportir.export import serialize_program
+
+    assert serialize_program._SAFE_FACTORIES == set(ep.SAFE_DEFAULTDICT_FACTORIES)
 
 
 def test_import_has_no_torch_side_effects() -> None:

@@ -8,6 +8,7 @@ inputs (a TreeSpec plus one entry per leaf).
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from exportir.export.serialize_common import (
     guarded,
     loads_json,
 )
-from exportir.export.serialize_values import Decoder, encode_value, lookup_loaded
+from exportir.export.serialize_values import Decoder, encode_value
 from exportir.export.signature import (
     ConstantArgument,
     CustomObjArgument,
@@ -159,30 +160,32 @@ def decode_signature(raw: Any, where: str) -> ExportGraphSignature:
 
 # --------------------------------------------------------------------------- tree specs
 
-# defaultdict factories a loaded spec may name (anything else could be arbitrary code).
-_SAFE_FACTORIES = {("builtins", t.__name__) for t in (list, dict, set, tuple, int, float, str,
-                                                       bool)} | {("collections", "OrderedDict"),
-                                                                 ("collections", "defaultdict")}
+# defaultdict factories a loaded spec may name (anything else could be arbitrary code): the
+# same allowlist treespec_loads enforces, checked here first so the error names the field.
+_SAFE_FACTORIES = frozenset(pytree.SAFE_DEFAULTDICT_FACTORIES)
 
 
 def _check_enum_ref(obj: dict[str, Any]) -> dict[str, Any]:
     if "__enum__" in obj:
         module, _, qualname = str(obj.get("fqn", "")).partition(":")
-        if lookup_loaded(module, qualname) is None:
+        try:  # the lookup treespec_loads does: namespaces of loaded modules only, Enum classes
+            pytree._resolve_loaded_class(module, qualname, "enum", enum.Enum)
+        except pytree.TreeSpecSerializationError as e:
             raise SerializationError(f"enum {module}:{qualname} is not an already-imported "
-                                     "class; import it before loading")
+                                     f"class; import it before loading ({e})") from None
     return obj
 
 
 def _precheck_spec_node(node: Any, where: str) -> None:
-    """Vet the names a TreeSpec node makes ``treespec_loads`` look up, before it looks them up
-    (its lookups use getattr, which can trigger lazy imports such as ``torch.__getattr__``)."""
+    """Vet the names a TreeSpec node makes ``treespec_loads`` look up, before it looks them up.
+    Defence in depth: ``treespec_loads`` enforces the same rules (same allowlist, same lookup);
+    this layer reports them with the archive path."""
     if not isinstance(node, dict):
         return  # treespec_loads reports malformed nodes
     ctx = node.get("context")
     if node.get("type") == "collections.defaultdict" and isinstance(ctx, dict):
         factory = (ctx.get("default_factory_module"), ctx.get("default_factory_name"))
-        if factory not in _SAFE_FACTORIES:
+        if not all(isinstance(part, str) for part in factory) or factory not in _SAFE_FACTORIES:
             fail(where, f"defaultdict factory {factory!r:.80} is not allowed; allowed: "
                         f"{sorted(f'{m}.{n}' for m, n in _SAFE_FACTORIES)}")
     if isinstance(ctx, str) and "__enum__" in ctx:

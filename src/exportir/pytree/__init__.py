@@ -13,8 +13,10 @@ Contracts
   ``torch.export.register_dataclass``, torch's own structseqs) are honoured: when a type is not
   in our table, torch's table is consulted. torch is never imported for that: we look only if
   ``torch.utils._pytree`` is already loaded.
-- ``treespec_loads`` never imports modules: classes named in a serialized spec (defaultdict
-  factories, enums) must already be importable from ``sys.modules``.
+- ``treespec_loads`` never imports modules and never binds arbitrary callables: enum classes
+  named in a serialized spec are read out of the namespaces of modules already in
+  ``sys.modules`` (no ``getattr``, so no lazy imports), namedtuple classes must be registered,
+  and defaultdict factories are limited to :data:`SAFE_DEFAULTDICT_FACTORIES`.
 
 Layout: ``_keys`` (key entries), ``_registry`` (node types and registration), ``_spec``
 (TreeSpec, flatten/unflatten), ``_map`` (tree_map family, key paths), ``_serialize``
@@ -61,6 +63,7 @@ from exportir.pytree._registry import (  # noqa: F401
     DEFAULT_REGISTRY,
     DEFAULT_TREESPEC_SERIALIZATION_PROTOCOL,
     NO_SERIALIZED_TYPE_NAME_FOUND,
+    SAFE_DEFAULTDICT_FACTORIES,
     STANDARD_DICT_TYPES,
     SUPPORTED_NODES,
     Context,
@@ -89,7 +92,6 @@ from exportir.pytree._registry import (  # noqa: F401
     _namedtuple_to_dumpable,
     _namedtuple_with_keys,
     _registry_with_builtins,
-    _resolve_loaded,
     _seq_keys,
     _with_seq_keys,
     is_namedtuple,
@@ -104,6 +106,8 @@ from exportir.pytree._serialize import (  # noqa: F401
     _enum_hook,
     _EnumEncoder,
     _json_to_spec,
+    _resolve_loaded,
+    _resolve_loaded_class,
     _spec_to_json,
     _Star,
     treespec_dumps,

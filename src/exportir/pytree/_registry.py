@@ -265,45 +265,53 @@ def _namedtuple_to_dumpable(cls: type) -> str:
     return ser.serialized_type_name
 
 
-def _namedtuple_from_dumpable(name: str) -> type:
-    cls = DEFAULT_REGISTRY.type_for_name(name)
+def _namedtuple_from_dumpable(name: Any) -> type:
+    cls = DEFAULT_REGISTRY.type_for_name(name) if isinstance(name, str) else None
     if cls is None:
         raise TreeSpecSerializationError(
             f"Can't deserialize TreeSpec of namedtuple class {name} because we couldn't "
             "find a serializated name."
         )
+    if not is_namedtuple_class(cls):
+        raise TreeSpecSerializationError(
+            f"namedtuple context {name!r} names {cls!r}, which is not a namedtuple class"
+        )
     return cls
+
+
+# What a loaded spec may name as a defaultdict ``default_factory``, keyed by the
+# (default_factory_module, default_factory_name) pair ``treespec_dumps`` writes. Anything else
+# could be arbitrary code (``os.system``) run on the first missing key, so loading refuses it.
+# ``None`` has no ``__qualname__``; it is written as ``builtins.None`` (torch cannot dump it).
+SAFE_DEFAULTDICT_FACTORIES: Mapping[tuple[str, str], Any] = MappingProxyType({
+    **{("builtins", t.__qualname__): t for t in (list, dict, set, int, float, str, tuple)},
+    ("builtins", "None"): None,
+})
 
 
 def _defaultdict_to_dumpable(ctx: list[Any]) -> dict[str, Any]:
     factory, keys = ctx
-    return {
-        "default_factory_module": factory.__module__,
-        "default_factory_name": factory.__qualname__,
-        "dict_context": keys,
-    }
+    module, name = ("builtins", "None") if factory is None else (
+        factory.__module__, factory.__qualname__)
+    return {"default_factory_module": module, "default_factory_name": name, "dict_context": keys}
 
 
 def _defaultdict_from_dumpable(obj: Any) -> list[Any]:
     expected = {"default_factory_module", "default_factory_name", "dict_context"}
     if not isinstance(obj, dict) or set(obj) != expected:
         raise TreeSpecSerializationError(f"defaultdict context must have keys {expected}")
-    factory = _resolve_loaded(obj["default_factory_module"], obj["default_factory_name"])
-    return [factory, obj["dict_context"]]
-
-
-def _resolve_loaded(module: Any, qualname: Any) -> Any:
-    """Look ``module:qualname`` up among already-imported modules (never imports)."""
-    if not isinstance(module, str) or not isinstance(qualname, str):
-        raise TreeSpecSerializationError("module and name must be strings")
-    target = sys.modules.get(module)
-    if target is None:
+    ref = (obj["default_factory_module"], obj["default_factory_name"])
+    named = all(isinstance(part, str) for part in ref)
+    if not named or ref not in SAFE_DEFAULTDICT_FACTORIES:
+        allowed = ", ".join(f"{m}.{n}" for m, n in SAFE_DEFAULTDICT_FACTORIES)
+        shown = ".".join(ref) if named else repr(ref)
         raise TreeSpecSerializationError(
-            f"module {module!r} is not imported; import it before loading this spec"
+            f"defaultdict default_factory {shown:.120} is not allowed: loading a spec never "
+            f"binds arbitrary callables; allowed factories: {allowed}"
         )
-    for part in qualname.split("."):
-        target = getattr(target, part)
-    return target
+    if not isinstance(obj["dict_context"], list):
+        raise TreeSpecSerializationError("defaultdict dict_context must be a list of keys")
+    return [SAFE_DEFAULTDICT_FACTORIES[ref], obj["dict_context"]]
 
 
 # (type, flatten, unflatten, flatten_with_keys, serialized name, to/from dumpable)

@@ -1,15 +1,19 @@
 """TreeSpec serialization: ``treespec_dumps`` / ``treespec_loads`` (torch's JSON format).
 
 Contract: ``treespec_loads(treespec_dumps(s)) == s`` for every spec whose node types have a
-serialized name; the text is the same as torch's. Loading never imports modules or unpickles:
-classes named in a spec must already be importable from ``sys.modules``.
+serialized name and whose defaultdict factories are in ``SAFE_DEFAULTDICT_FACTORIES``; the text
+is the same as torch's wherever torch can dump the spec. Loading never imports modules, never
+unpickles and never binds an arbitrary callable: node types and namedtuple classes come from
+the registry, enum classes from the namespaces of modules already in ``sys.modules``.
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import sys
 from collections import namedtuple
+from types import ModuleType
 from typing import Any
 
 from exportir.pytree._registry import (
@@ -18,10 +22,56 @@ from exportir.pytree._registry import (
     NO_SERIALIZED_TYPE_NAME_FOUND,
     PytreeRegistry,
     TreeSpecSerializationError,
-    _resolve_loaded,
     is_namedtuple_class,
 )
 from exportir.pytree._spec import _LEAF, TreeSpec, _as_spec
+
+# --------------------------------------------------------------------------- name lookup
+
+# The raw namespace descriptors: reading a namespace through them runs no ``__getattr__`` /
+# ``__getattribute__`` override (a lazy module's included), so it can never import anything.
+_MODULE_NAMESPACE = ModuleType.__dict__["__dict__"]
+_CLASS_NAMESPACE = type.__dict__["__dict__"]
+_MISSING = object()
+
+
+def _resolve_loaded(module: Any, qualname: Any, field: str = "name") -> Any:
+    """The object ``module:qualname`` names, read out of the namespaces of modules already in
+    ``sys.modules`` and of the classes they define. Never imports, never calls ``getattr``.
+
+    ``field`` names the spec field for error messages. Raises TreeSpecSerializationError if
+    the module is not loaded or the name is not defined there.
+    """
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        raise TreeSpecSerializationError(f"{field}: module and name must be strings")
+    target = sys.modules.get(module)
+    # type(...) checks only: isinstance would read ``__class__`` through any override.
+    if not issubclass(type(target), ModuleType):
+        raise TreeSpecSerializationError(
+            f"{field}: module {module!r} is not imported; import it before loading this spec"
+        )
+    namespace: Any = _MODULE_NAMESPACE.__get__(target)
+    for part in qualname.split("."):
+        target = namespace.get(part, _MISSING) if namespace is not None else _MISSING
+        if target is _MISSING:
+            raise TreeSpecSerializationError(
+                f"{field}: {module}:{qualname} is not defined in an already-imported module "
+                "(names are looked up, never imported)"
+            )
+        namespace = _CLASS_NAMESPACE.__get__(target) if issubclass(type(target), type) else None
+    return target
+
+
+def _resolve_loaded_class(module: Any, qualname: Any, field: str, base: type) -> type:
+    """Like :func:`_resolve_loaded`, but the result must be a subclass of ``base``."""
+    cls = _resolve_loaded(module, qualname, field)
+    if not (issubclass(type(cls), type) and issubclass(cls, base)):
+        raise TreeSpecSerializationError(  # no repr of cls: it could run code or leak data
+            f"{field}: {module}:{qualname} is a {type(cls).__name__}, "
+            f"not a subclass of {base.__name__}"
+        )
+    return cls
+
 
 # --------------------------------------------------------------------------- serialization
 
@@ -38,8 +88,15 @@ class _EnumEncoder(json.JSONEncoder):
 def _enum_hook(obj: dict[str, Any]) -> Any:
     if "__enum__" not in obj:
         return obj
-    module, _, qualname = str(obj["fqn"]).partition(":")
-    return _resolve_loaded(module, qualname)[obj["name"]]
+    fqn, name = obj.get("fqn"), obj.get("name")
+    if not isinstance(fqn, str) or not isinstance(name, str):
+        raise TreeSpecSerializationError("enum reference needs string 'fqn' and 'name'")
+    module, _, qualname = fqn.partition(":")
+    cls = _resolve_loaded_class(module, qualname, "enum fqn", enum.Enum)
+    member = cls.__members__.get(name)
+    if member is None:
+        raise TreeSpecSerializationError(f"enum fqn: {fqn} has no member {name!r:.80}")
+    return member
 
 
 def _spec_to_json(spec: TreeSpec, registry: PytreeRegistry) -> dict[str, Any]:

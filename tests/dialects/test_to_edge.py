@@ -195,24 +195,39 @@ def test_preserve_ops_keeps_an_op_whole_and_verifies():
     assert targets == ["aten.silu.default"]
 
 
+class AdaptiveMax3d(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pool = torch.nn.AdaptiveMaxPool3d((1, 2, 1))
+
+    def forward(self, x):
+        return self.pool(x) * 2
+
+
 def test_non_core_op_error_and_exception_list():
     from exportir.dialects.edge.config import EdgeCompileConfig
 
-    module, args, kwargs = build(BY_NAME["pooling"])
-    ep = _export(module, args, kwargs)
+    module, args = AdaptiveMax3d(), (torch.randn(1, 2, 3, 4, 5),)
+    ep = _export(module, args, {})
     with pytest.raises(SpecViolationError) as info:
         _to_edge(ep)
     message = str(info.value)
-    assert "node adaptive_max_pool2d" in message and "not in the core ATen op set" in message
+    assert "node adaptive_max_pool3d" in message and "not in the core ATen op set" in message
     assert "pooling.py" in message and "_core_aten_ops_exception_list" in message
     config = EdgeCompileConfig(
-        _core_aten_ops_exception_list=[torch.ops.aten.adaptive_max_pool2d.default]
+        _core_aten_ops_exception_list=[torch.ops.aten.adaptive_max_pool3d.default]
     )
     edge = _to_edge(ep, compile_config=config).exported_program()
+    (got,) = _run(edge, args, {})
+    torch.testing.assert_close(got, module(*args))
+
+
+def test_default_exception_list_takes_the_corpus_pooling_model():
+    module, args, kwargs = build(BY_NAME["pooling"])
+    edge = _to_edge(_export(module, args, kwargs)).exported_program()
     _, args2, kwargs2 = build(BY_NAME["pooling"])
-    expected = module(*args2, **kwargs2)
     (got,) = _run(edge, args2, kwargs2)
-    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(got, module(*args2, **kwargs2))
 
 
 def test_to_backend_and_to_program_delegate_to_their_stages():

@@ -109,6 +109,16 @@ class Runner:
             self.env[ins.args[-1]] = result
             return
         ns, name = op.name.split("::")
+        if op.is_functional_fallback:  # custom op: call it, copy the results into the outs
+            overload = op.overload.removesuffix(schema.FUNCTIONAL_FALLBACK)
+            fn = getattr(getattr(getattr(torch.ops, ns), name), overload)
+            n = len(fn._schema.arguments)
+            args = [_convert(a, self.get(k)) for a, k in zip(fn._schema.arguments, ins.args)]
+            results = fn(*args)
+            results = results if isinstance(results, (tuple, list)) else (results,)
+            for k, value in zip(ins.args[n:], results):
+                self.get(k).copy_(value)
+            return
         fn = getattr(getattr(getattr(torch.ops, ns), name), op.overload or "default")
         pos, kw = [], {}
         outs = []

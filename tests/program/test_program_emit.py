@@ -198,15 +198,34 @@ class UsesCustom(torch.nn.Module):
         return torch.ops.exportir_progtest.no_out(y)  # the line the error must cite
 
 
+def test_custom_op_without_out_variant_runs_as_functional_fallback():
+    ep = ee.export(UsesCustom(), (torch.randn(2),)).run_decompositions()
+    program = emit.emit_program({"forward": ep})
+    ops = [str(o) for o in program.methods[0].operators]
+    assert "exportir_progtest::no_out.default@functional" in ops
+    x = torch.randn(2)
+    torch.testing.assert_close(run(program, "forward", x)[0], x + 1)
+
+
 def test_kernel_coverage_error_lists_op_node_and_source_line():
     ep = ee.export(UsesCustom(), (torch.randn(2),)).run_decompositions()
+    config = emit.EmitConfig(kernel_available=lambda name, _: name != "exportir_progtest::no_out")
     with pytest.raises(emit.KernelCoverageError) as info:
-        emit.emit_program({"forward": ep})
+        emit.emit_program({"forward": ep}, config)
     message = str(info.value)
-    assert "exportir_progtest.no_out.default: no out-variant overload" in message
+    assert (
+        "exportir_progtest.no_out.default: the runtime has no kernel "
+        "exportir_progtest::no_out.default@functional" in message
+    )
     assert "forward:no_out" in message
     assert "test_program_emit.py:" in message
     assert "no program was written" in message
+
+
+def test_aten_op_without_out_variant_is_not_a_fallback():
+    op = torch.ops.aten._native_batch_norm_legit_functional.default
+    assert kernels.out_variant(op).out is torch.ops.aten._native_batch_norm_legit.out
+    assert kernels.fallback_reason(torch.ops.aten.lift_fresh.default) == "no out-variant overload"
 
 
 def test_kernel_registry_hook_narrows_coverage():

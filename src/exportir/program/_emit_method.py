@@ -367,6 +367,23 @@ class MethodEmitter:
         index = self.operator_index(choice.operator)
         self.emit_instruction(lambda d: schema.KernelCall(index, tuple(args), d), node)
 
+    def emit_fallback(self, node: Node) -> None:
+        """A custom op without an out variant: its functional schema's arguments, then one
+        planned out tensor per result (:data:`schema.FUNCTIONAL_FALLBACK`)."""
+        op = kernels.aten_op(node.target)
+        bound = self.bind(node, op)
+        val = node.meta.get("val")
+        vals = tuple(val) if isinstance(val, (list, tuple)) else (val,)
+        hint = vals[0].dtype if vals and isinstance(vals[0], torch.Tensor) else None
+        args = [self.arg(a.type, bound.get(a.name), hint) for a in op._schema.arguments]
+        outs = tuple(self.new_tensor(v, f"{node.name}[{i}]") for i, v in enumerate(vals))
+        if isinstance(val, (list, tuple)):
+            self.node_items[node] = outs
+        else:
+            self.node_value[node] = outs[0]
+        index = self.operator_index(kernels.fallback_operator(op))
+        self.emit_instruction(lambda d: schema.KernelCall(index, (*args, *outs), d), node)
+
     def emit_prim(self, node: Node, op: schema.Operator) -> None:
         args = [self.scalar_arg(a) if not isinstance(a, Node) else self.node_ref(a)
                 for a in node.args]
@@ -413,6 +430,8 @@ class MethodEmitter:
             self.emit_delegate(node)
         elif kind == "kernel":
             self.emit_kernel(node)
+        elif kind == "fallback":
+            self.emit_fallback(node)
         elif kind == "prim":
             self.emit_prim(node, schema.Operator(*kernels.PYTHON_PRIMS[node.target]))
         elif kind == "sym":

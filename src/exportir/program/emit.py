@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from exportir.program import _emit_method, kernels, planning, schema, validate
 from exportir.program.kernels import EmitError, KernelCoverageError, source_line
 
@@ -53,10 +55,14 @@ def check_kernel_coverage(
                 continue
             kind = kernels.classify(node, gm)
             op = kernels.aten_op(node.target)
-            if kind == "kernel" and config.kernel_available is not None:
-                chosen = kernels.out_variant(op).operator
+            if kind in ("kernel", "fallback") and config.kernel_available is not None:
+                chosen = (kernels.out_variant(op).operator if kind == "kernel"
+                          else kernels.fallback_operator(op))
                 if not config.kernel_available(chosen.name, chosen.overload):
                     kind = f"!the runtime has no kernel {chosen}"
+            if kind == "fallback" and not _resolvable(op):
+                kind = (f"!custom op {kernels.qualified_name(op)} cannot be found by name in "
+                        "torch.ops (the runtime resolves it by name at load)")
             if not kind.startswith("!"):
                 continue
             where = source_line(node)
@@ -74,6 +80,15 @@ def check_kernel_coverage(
         "(to_backend), or register a kernel for them in the runtime."
     )
     raise KernelCoverageError("\n".join(lines))
+
+
+def _resolvable(op: Any) -> bool:
+    ns, _, name = op._schema.name.partition("::")
+    try:
+        packet = getattr(getattr(torch.ops, ns), name)
+        return getattr(packet, op._schema.overload_name or "default") is op
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def emit_program(

@@ -212,6 +212,32 @@ def out_variant(op: torch._ops.OpOverload) -> KernelChoice | None:
     return _match_out(functional, packet)
 
 
+# Namespaces of torch's own operators: their ops run as out variants or not at all. Any other
+# namespace is a custom op library (torch.library), whose ops may run as functional fallbacks.
+BUILTIN_NAMESPACES = frozenset({"aten", "prims", "prim", "quantized", "_quant", "higher_order"})
+
+
+def fallback_reason(op: torch._ops.OpOverload) -> str | None:
+    """None when ``op`` may run as a functional fallback (a custom op returning tensors and
+    mutating nothing), else why not."""
+    s = op._schema
+    if op.namespace in BUILTIN_NAMESPACES:
+        return "no out-variant overload"
+    if any(a.alias_info is not None and a.alias_info.is_write for a in s.arguments):
+        return "a custom op mutating its inputs has no functional fallback"
+    bad = [str(r.type) for r in s.returns if r.type.kind() != "TensorType"]
+    if bad or not s.returns:
+        return (f"custom op returns {', '.join(bad) or 'nothing'}; the functional fallback "
+                "needs tensor results")
+    return None
+
+
+def fallback_operator(op: torch._ops.OpOverload) -> schema.Operator:
+    """``mylib::op`` + ``default@functional``: the program's name for ``op``'s fallback."""
+    overload = (op._schema.overload_name or "default") + schema.FUNCTIONAL_FALLBACK
+    return schema.Operator(op._schema.name, overload)
+
+
 def is_sym_op(op: Any) -> bool:
     return isinstance(op, torch._ops.OpOverload) and qualified_name(op) in SYM_OPS
 
@@ -284,7 +310,8 @@ def delegate_module(node: Node, gm: Any) -> Any:
 
 
 def classify(node: Node, gm: Any) -> str:
-    """One of getitem, skip, sym, prim, delegate, kernel, or ``!reason`` (cannot run)."""
+    """One of getitem, skip, sym, prim, delegate, kernel, fallback (a custom op without an out
+    variant: see :data:`schema.FUNCTIONAL_FALLBACK`), or ``!reason`` (cannot run)."""
     target = node.target
     if target is operator.getitem:
         return "getitem"
@@ -299,6 +326,7 @@ def classify(node: Node, gm: Any) -> str:
         return "skip"
     if is_sym_op(op):
         return "sym"
-    if out_variant(op) is None:
-        return "!no out-variant overload"
-    return "kernel"
+    if out_variant(op) is not None:
+        return "kernel"
+    reason = fallback_reason(op)
+    return "fallback" if reason is None else f"!{reason}"

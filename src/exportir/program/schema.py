@@ -12,6 +12,10 @@ Conventions that the emitter and the runtime share are documented in
 - ``KernelCall.args`` holds one value index per argument of the *out-variant* schema of
   ``operators[op_index]``, in schema order (keyword-only and out arguments included; defaults are
   filled in). Runtime-provided primitives (:data:`PRIM_OPERATORS`) put their result last.
+  A *functional fallback* operator (overload ending in :data:`FUNCTIONAL_FALLBACK`, emitted
+  only for custom ops without an out variant) takes one value per argument of the functional
+  schema, then one out tensor per result: the runtime calls the functional op and copies its
+  results into the outs.
 - ``DelegateCall.args`` are the inputs of the delegated subgraph, ``outputs`` its results.
 - ``MoveCall`` copies the contents of ``src`` into ``dst`` (same kind; tensors of equal shape).
 - ``JumpFalseCall`` jumps to instruction ``dest`` when the Bool (or one-element tensor) value
@@ -287,13 +291,27 @@ INSTRUCTION_TYPES: tuple[type, ...] = (KernelCall, DelegateCall, MoveCall, JumpF
 
 @dataclass(frozen=True, slots=True)
 class Operator:
-    """An operator a method calls: ``aten::add`` + ``out`` is ``torch.ops.aten.add.out``."""
+    """An operator a method calls: ``aten::add`` + ``out`` is ``torch.ops.aten.add.out``.
+
+    ``mylib::op`` + ``default@functional`` is the functional fallback of
+    ``torch.ops.mylib.op.default`` (see :data:`FUNCTIONAL_FALLBACK`)."""
 
     name: str
     overload: str
 
     def __str__(self) -> str:
         return f"{self.name}.{self.overload}" if self.overload else self.name
+
+    @property
+    def is_functional_fallback(self) -> bool:
+        return self.overload.endswith(FUNCTIONAL_FALLBACK)
+
+
+FUNCTIONAL_FALLBACK = "@functional"
+"""Overload suffix of a functional-fallback operator: ``KernelCall.args`` are one value per
+argument of the functional op's schema, then one planned out tensor per (tensor) result; the
+runtime calls the functional op by name and copies each result into its out. Only custom ops
+(no out variant in their ``torch.library`` namespace) are emitted this way."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,11 @@ Two calling conventions exist:
 * **value kernels** (nothing written, e.g. ``aten::sym_size.int`` or scalar arithmetic): one value
   index per schema argument plus one trailing index, the slot that receives the returned value.
 
+A third, **functional fallbacks** (``mylib::op.default@functional``, emitted only for custom
+ops without an out variant), calls the functional op by name and copies its results into the
+instruction's trailing out tensors: the custom op's library must be imported (registered with
+``torch.library``) in the process that runs the program.
+
 ``KernelRegistry`` is an explicit object; the runtime's default registry is made by
 :func:`default_kernel_registry` and resolves any operator torch knows, lazily, on first use.
 """
@@ -183,6 +188,40 @@ def kernel_from_op(name: str, op: torch._ops.OpOverload) -> Kernel:
     return Kernel(name, fn, len(arguments), writes, not writes, converters, empties, binder)
 
 
+def fallback_kernel_from_op(name: str, op: torch._ops.OpOverload) -> Kernel:
+    """The functional fallback of a custom op without an out variant
+    (:data:`schema.FUNCTIONAL_FALLBACK`): call ``op`` on the instruction's leading values,
+    copy each returned tensor into the trailing out tensors (same dtype; resized only where
+    the plan lets the runtime resize)."""
+    arguments = op._schema.arguments
+    arity = len(arguments)
+    positional = sum(1 for a in arguments if not a.kwarg_only)
+    keywords = tuple(a.name for a in arguments[positional:])
+    call = op._op
+
+    def fn(args: Sequence[object]) -> object:
+        result = call(*args[:positional], **dict(zip(keywords, args[positional:arity])))
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        outs = args[arity:]
+        if len(results) != len(outs):
+            raise ValueError(f"{name} returned {len(results)} results for {len(outs)} outs")
+        for out, value in zip(outs, results):
+            if not isinstance(value, torch.Tensor) or value.dtype != out.dtype:
+                got = getattr(value, "dtype", type(value).__name__)
+                raise ValueError(f"{name} returned {got}; the program planned {out.dtype}")
+            if out.shape != value.shape:
+                out.resize_(value.shape)
+            out.copy_(value)
+        return None
+
+    num_outs = len(op._schema.returns)
+    converters = tuple(
+        (i, fn) for i, fn in ((i, _converter(a)) for i, a in enumerate(arguments)) if fn
+    )
+    writes = tuple(range(arity, arity + num_outs))
+    return Kernel(name, fn, arity + num_outs, writes, False, converters)
+
+
 def _value_kernel(name: str, arity: int, fn: Callable[..., object]) -> Kernel:
     return Kernel(name, lambda args: fn(*args), arity, (), result_slot=True)
 
@@ -208,6 +247,22 @@ _SCALAR_KERNELS: Mapping[str, tuple[int, Callable[..., object]]] = {
     "exportir_prim::neg.Scalar": (1, operator.neg),
     "exportir_prim::ne.Scalar": (2, operator.ne),
 }
+
+
+def missing_custom_op(name: str) -> tuple[str, str]:
+    """(reason, hint) for a functional fallback whose custom op torch does not know."""
+    op = name.removesuffix(schema.FUNCTIONAL_FALLBACK)
+    namespace = op.split("::", 1)[0]
+    reason = (
+        f"the program calls the custom operator {op} (functional fallback), which is not "
+        f"registered in this process: torch.ops.{namespace} has no {op.split('::', 1)[1]}"
+    )
+    hint = (
+        f"import the Python library that defines the torch.library namespace {namespace!r} "
+        f"(its torch.library.custom_op('{op.rsplit('.', 1)[0]}') definition) before "
+        f"Program.load, or register a kernel named {name!r} in a KernelRegistry"
+    )
+    return reason, hint
 
 
 class KernelRegistry:
@@ -259,10 +314,12 @@ class KernelRegistry:
         kernel = self._kernels.get(canonical)
         if kernel is not None or not self._resolve_torch_ops:
             return kernel
-        op = _lookup_torch_op(canonical)
+        fallback = canonical.endswith(schema.FUNCTIONAL_FALLBACK)
+        op = _lookup_torch_op(canonical.removesuffix(schema.FUNCTIONAL_FALLBACK))
         if op is None:
             return None
-        kernel = kernel_from_op(canonical, op)
+        make = fallback_kernel_from_op if fallback else kernel_from_op
+        kernel = make(canonical, op)
         self._kernels[canonical] = kernel
         return kernel
 

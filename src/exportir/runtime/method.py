@@ -36,7 +36,7 @@ from exportir.runtime.errors import (
     MissingKernelError,
     RuntimeFailure,
 )
-from exportir.runtime.kernels import Kernel, canonical_op_name
+from exportir.runtime.kernels import Kernel, canonical_op_name, missing_custom_op
 
 if TYPE_CHECKING:
     from exportir.runtime.program import Program
@@ -247,6 +247,8 @@ class Method:
         name = canonical_op_name(op.name, op.overload)
         kernel = self._program.kernels.lookup(name)
         if kernel is None:
+            if op.is_functional_fallback:
+                raise MissingKernelError(self._site(pc), *missing_custom_op(name))
             raise MissingKernelError(
                 self._site(pc),
                 f"no kernel is registered for {name}",

@@ -37,10 +37,16 @@ from exportir.runtime.delegates import (
 from exportir.runtime.errors import (
     FailureSite,
     MissingBackendError,
+    MissingKernelError,
     RuntimeFailure,
     UnknownMethodError,
 )
-from exportir.runtime.kernels import KernelRegistry, default_kernel_registry
+from exportir.runtime.kernels import (
+    KernelRegistry,
+    canonical_op_name,
+    default_kernel_registry,
+    missing_custom_op,
+)
 from exportir.runtime.method import Method
 
 __all__ = ["Program", "ProgramLoadError"]
@@ -79,6 +85,7 @@ class Program:
         self._constants: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
         self._handles: list[tuple[BackendRuntime, Any] | None] = [None] * len(program.delegates)
         self._methods: dict[str, Method] = {}
+        self._check_custom_ops()
         self._init_delegates()
 
     # -- construction ----------------------------------------------------------------------------
@@ -169,6 +176,25 @@ class Program:
         if entry is None:  # cannot happen after _init_delegates; kept for direct callers
             raise RuntimeFailure(site, f"delegate {index} was not initialised")
         return entry
+
+    def _check_custom_ops(self) -> None:
+        """Custom ops run by name (functional fallbacks): their library must be loaded, which
+        is checked at load rather than when a method is first prepared."""
+        for meta in self.schema.methods:
+            for k, op in enumerate(meta.operators):
+                if not op.is_functional_fallback:
+                    continue
+                name = canonical_op_name(op.name, op.overload)
+                if self.kernels.lookup(name) is not None:
+                    continue
+                pc = next((i for i, ins in enumerate(meta.instructions)
+                           if isinstance(ins, schema.KernelCall) and ins.op_index == k), None)
+                entry = (meta.debug[meta.instructions[pc].debug]
+                         if pc is not None and 0 <= meta.instructions[pc].debug < len(meta.debug)
+                         else None)
+                site = FailureSite(meta.name, pc, name, entry.node_name if entry else None,
+                                   entry.source if entry else None)
+                raise MissingKernelError(site, *missing_custom_op(name))
 
     def _init_delegates(self) -> None:
         for index, d in enumerate(self.schema.delegates):

@@ -22,13 +22,16 @@ from torch.overrides import TorchFunctionMode
 
 _EXPORTIR_DIR = __file__.rsplit("/export/", 1)[0] + "/"
 _TORCH_INIT = torch.__file__
+# torch's custom-op glue: its autograd.Function ``forward`` runs the op below autograd, where
+# capture records it; torch.export records custom ops before autograd, without this frame.
+_TORCH_LIBRARY_DIR = _TORCH_INIT.rsplit("/", 1)[0] + "/_library/"
 
 
 def _is_user_forward(code: Any) -> bool:
     if code.co_name != "forward":
         return False
     filename = code.co_filename
-    return not filename.startswith(_EXPORTIR_DIR) and filename != _TORCH_INIT
+    return not filename.startswith((_EXPORTIR_DIR, _TORCH_LIBRARY_DIR)) and filename != _TORCH_INIT
 
 
 _FRAME_TEXT: dict[tuple[str, int], str] = {}

@@ -735,7 +735,11 @@ def _module_call_graph(mod: torch.nn.Module, in_spec: Any, out_spec: Any, names:
 
 
 def retrace(
-    gm: GraphModule, flat_fake_inputs: list, *, decomposition_table: dict | None = None
+    gm: GraphModule,
+    flat_fake_inputs: list,
+    *,
+    decomposition_table: dict | None = None,
+    mutation_outputs: frozenset[str] = frozenset(),
 ) -> GraphModule:
     """Re-run a captured graph through the recorder, decomposing ops found in the table.
 
@@ -743,8 +747,11 @@ def retrace(
     signature carries over position by position. Every recorded node copies ``stack_trace``,
     ``nn_module_stack`` and ``source_fn_stack`` from the node it came from. The result is
     functionalized again (decompositions may use in-place ops on fresh tensors).
+    ``mutation_outputs`` names the nodes holding mutated inputs' new values: views of them are
+    regenerated before each use, as torch's functionalization does (_view_replay.py).
     """
     from exportir.export._finalize import finalize_retrace
+    from exportir.export._view_replay import ViewReplay, mutation_roots
 
     table = dict(decomposition_table or {})
     if table:
@@ -764,13 +771,20 @@ def retrace(
         node.meta.update({k: v for k, v in ph.meta.items() if k != "val"})
         env[ph] = fake
     output = None
+    replay = ViewReplay(mutation_roots(gm, mutation_outputs))
+
+    def rerun_view(view: Node) -> None:
+        env[view] = _rerun(view, env)
+
     rec.shape_env.op_listener = rec.on_sym_op  # symbolic arithmetic nodes are re-recorded
     try:
         with TraceSettings(), CaptureMode(rec), _control_flow().ControlFlowMode():
             for node in gm.graph.nodes:
                 if node.op == "call_function":
                     rec.origin = node
+                    replay.before(node, rerun_view)
                     env[node] = _rerun(node, env)
+                    replay.after(node)
                 elif node.op == "get_attr":  # a cond/map/while_loop body
                     env[node] = getattr(gm, node.target)
                 elif node.op == "output":

@@ -33,6 +33,7 @@ from exportir.export.signature import (
     ExportGraphSignature,
     InputKind,
     InputSpec,
+    OutputKind,
     OutputSpec,
 )
 from exportir.export.verifier import Verifier
@@ -443,7 +444,14 @@ class ExportedProgram:
 
         table = default_decompositions() if decomp_table is None else dict(decomp_table)
         flat_fake = [n.meta["val"] for n in self.graph.find_nodes(op="placeholder")]
-        new_gm = retrace(self._graph_module, flat_fake, decomposition_table=table)
+        mutated = frozenset(
+            spec.arg.name
+            for spec in self._graph_signature.output_specs
+            if spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION)
+        )
+        new_gm = retrace(
+            self._graph_module, flat_fake, decomposition_table=table, mutation_outputs=mutated
+        )
         signature, renames = _signature_after_rewrite(self._graph_signature, new_gm)
         remove_state_update_copies(new_gm, signature)
         call_graph = copy.deepcopy(self._module_call_graph)

@@ -77,6 +77,9 @@ def _is_view_op(func: Any) -> bool:
     )
 
 
+is_view_op = _is_view_op  # for export/_view_replay.py
+
+
 def view_base(node: Node) -> Node | None:
     """The node a view (or an in-place op's result, or a getitem of a view list) aliases."""
     if node.op != "call_function":

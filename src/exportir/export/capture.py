@@ -32,14 +32,7 @@ from exportir.export._node_meta import (
     innermost_user_frame,
     source_fn_entry,
 )
-from exportir.export.fake import (
-    FakeConverter,
-    FakeTensor,
-    fake_like,
-    fakify,
-    run_fake,
-    shape_env_of,
-)
+from exportir.export.fake import FakeConverter, FakeTensor, fake_like, fakify, run_fake
 from exportir.fx import Graph, GraphModule, Node
 from exportir.symbolic import ShapeEnv
 
@@ -756,8 +749,7 @@ def retrace(
     table = dict(decomposition_table or {})
     if table:
         table = {**_ALWAYS_DECOMPOSED, **table}
-    # symbolic inputs keep their symbols: the program's ShapeEnv (ranges, replacements) goes on
-    rec = Recorder(decomposition_table=table, shape_env=shape_env_of(flat_fake_inputs))
+    rec = Recorder(decomposition_table=table)
     env: dict[Node, Any] = {}
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
     if len(placeholders) != len(flat_fake_inputs):
@@ -776,21 +768,17 @@ def retrace(
     def rerun_view(view: Node) -> None:
         env[view] = _rerun(view, env)
 
-    rec.shape_env.op_listener = rec.on_sym_op  # symbolic arithmetic nodes are re-recorded
-    try:
-        with TraceSettings(), CaptureMode(rec), _control_flow().ControlFlowMode():
-            for node in gm.graph.nodes:
-                if node.op == "call_function":
-                    rec.origin = node
-                    replay.before(node, rerun_view)
-                    env[node] = _rerun(node, env)
-                    replay.after(node)
-                elif node.op == "get_attr":  # a cond/map/while_loop body
-                    env[node] = getattr(gm, node.target)
-                elif node.op == "output":
-                    output = node
-    finally:
-        rec.shape_env.op_listener = None
+    with TraceSettings(), CaptureMode(rec), _control_flow().ControlFlowMode():
+        for node in gm.graph.nodes:
+            if node.op == "call_function":
+                rec.origin = node
+                replay.before(node, rerun_view)
+                env[node] = _rerun(node, env)
+                replay.after(node)
+            elif node.op == "get_attr":  # a cond/map/while_loop body
+                env[node] = getattr(gm, node.target)
+            elif node.op == "output":
+                output = node
     rec.origin = output
     flat_out = pytree.tree_leaves(_lookup(output.args[0], env))
     rec.graph.output(tuple(_output_value(rec, o) for o in flat_out))

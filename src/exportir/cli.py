@@ -280,13 +280,10 @@ def _describe(value: Any) -> str:
 
 
 def _delegate_registry() -> Any:
-    """The default registry plus the executors of the backends exportir ships."""
-    from exportir.backends.fused_cpu.runtime import BACKEND_ID, backend_runtime
+    """The runtime's default registry (it holds the executors of the backends exportir ships)."""
     from exportir.runtime import default_delegate_registry
 
-    registry = default_delegate_registry()
-    registry.register(BACKEND_ID, backend_runtime())
-    return registry
+    return default_delegate_registry()
 
 
 def cmd_run(ns: argparse.Namespace) -> int:

@@ -85,10 +85,17 @@ def test_missing_backend_fails_at_load_naming_the_call_site():
     assert "backend 'npu'" in str(err) and "registry.register(backend_id, backend)" in str(err)
 
 
-def test_missing_known_backend_hint_says_where_its_executor_lives():
-    with pytest.raises(MissingBackendError, match=r"from exportir.backends.fused_cpu.runtime "
-                       r"import BACKEND_ID, backend_runtime"):
-        Program.from_schema(_delegating_program(backend_id="FusedCpuBackend"))
+def test_default_registry_ships_the_fused_cpu_executor():
+    from exportir.runtime.backends.fused_cpu import BACKEND_ID, FusedCpuRuntime
+
+    assert isinstance(default_delegate_registry().get(BACKEND_ID), FusedCpuRuntime)
+
+
+def test_missing_builtin_backend_hint_names_the_default_registry():
+    with pytest.raises(MissingBackendError, match=r"FusedCpuBackend ships with the runtime: "
+                       r"load with the default registry"):
+        Program.from_schema(_delegating_program(backend_id="FusedCpuBackend"),
+                            delegates=DelegateRegistry())
 
 
 def test_backend_init_failure_is_a_runtime_failure():

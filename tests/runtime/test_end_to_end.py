@@ -11,7 +11,7 @@ import torch
 from corpus.export_models import BY_NAME, ENTRIES, build
 
 from exportir import pytree
-from exportir.runtime import DelegateRegistry, Program, RuntimeFailure, default_delegate_registry
+from exportir.runtime import Program, RuntimeFailure
 
 
 def _compile(name: str, delegate: bool = False) -> bytes:
@@ -25,14 +25,6 @@ def _compile(name: str, delegate: bool = False) -> bytes:
 
         edge = edge.to_backend(FusedCpuPartitioner())
     return edge.to_program().buffer
-
-
-def _fused_cpu_registry() -> DelegateRegistry:
-    from exportir.backends.fused_cpu.runtime import BACKEND_ID, backend_runtime
-
-    registry = default_delegate_registry()
-    registry.register(BACKEND_ID, backend_runtime())
-    return registry
 
 
 def _tensors(tree) -> list[torch.Tensor]:
@@ -50,7 +42,7 @@ def _assert_same(got, expected) -> None:
 @pytest.mark.parametrize("name", [e.name for e in ENTRIES])
 def test_corpus_model_runs_like_eager(name, delegate):
     data = _compile(name, delegate)
-    program = Program.load(data, delegates=_fused_cpu_registry() if delegate else None)
+    program = Program.load(data)  # the default delegate registry runs the fused CPU backend
     if delegate:
         assert program.schema.delegates, "the partitioner claimed nothing"
     method = program.method("forward")

@@ -80,7 +80,7 @@ def test_loading_and_running_a_file_loads_only_the_program_format(tmp_path):
     assert "LOADED []" in out, out
 
 
-def test_running_a_delegated_program_loads_only_the_backend_executor(tmp_path):
+def test_running_a_delegated_program_loads_only_the_runtime_and_its_backends(tmp_path):
     from exportir.backends.fused_cpu import FusedCpuPartitioner
     from exportir.export import export
     from exportir.program.manager import to_edge
@@ -93,15 +93,10 @@ def test_running_a_delegated_program_loads_only_the_backend_executor(tmp_path):
     body = textwrap.dedent(
         f"""
         import torch
-        from exportir.backends.fused_cpu.runtime import BACKEND_ID, backend_runtime
-        from exportir.runtime import Program, default_delegate_registry
-        registry = default_delegate_registry()
-        registry.register(BACKEND_ID, backend_runtime())
-        program = Program.load({str(path)!r}, delegates=registry)
+        from exportir.runtime import Program
+        program = Program.load({str(path)!r})  # the default registry has the executor
         assert program.schema.delegates
         program.method("forward")(torch.ones(2, 4))
-        allowed.update(("exportir.backends", "exportir.backends.fused_cpu",
-                        "exportir.backends.fused_cpu.runtime"))
         """
     )
     out = _run(body=body)

@@ -1,5 +1,5 @@
 """Backends shipped with exportir (one package each).
 
-- ``fused_cpu``: fused ATen subgraphs on CPU; its device side,
-  ``exportir.backends.fused_cpu.runtime``, imports nothing of the compiler.
+- ``fused_cpu``: fused ATen subgraphs on CPU; its device side ships with the runtime
+  (``exportir.runtime.backends.fused_cpu``, in the default delegate registry).
 """

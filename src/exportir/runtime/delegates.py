@@ -7,14 +7,11 @@ once with ``backend.init(processed, compile_specs) -> handle``; every ``Delegate
 
 ``DelegateRegistry`` is an explicit object handed to ``Program.load``; nothing registers itself
 at import time. :func:`default_delegate_registry` returns a fresh registry holding the builtin
-backends only — those the runtime itself implements (none yet). Backends shipped elsewhere (the
-fused CPU backend's executor lives in ``exportir.backends.fused_cpu.runtime``) are registered
-by the caller, since the runtime imports nothing outside the program format::
-
-    from exportir.backends.fused_cpu.runtime import BACKEND_ID, backend_runtime
+backends: those whose executors ship in :mod:`exportir.runtime.backends` (the fused CPU backend,
+``"FusedCpuBackend"``). Other backends are registered by the caller::
 
     delegates = default_delegate_registry()
-    delegates.register(BACKEND_ID, backend_runtime())
+    delegates.register("MyBackend", my_backend_runtime)
     program = Program.load("model.xpt", delegates=delegates)
 """
 
@@ -72,27 +69,24 @@ class DelegateRegistry:
         return DelegateRegistry(dict(self._backends))
 
 
-# How to get the executor of backends the runtime knows of but does not import (used in the
-# MissingBackendError hint).
-KNOWN_BACKENDS: dict[str, str] = {
-    "FusedCpuBackend": (
-        "from exportir.backends.fused_cpu.runtime import BACKEND_ID, backend_runtime; "
-        "registry.register(BACKEND_ID, backend_runtime())"
-    ),
-}
-
-
 def registration_hint(backend_id: str) -> str:
     """What to do when ``backend_id`` is not registered."""
-    known = KNOWN_BACKENDS.get(backend_id)
-    how = known if known is not None else "registry.register(backend_id, backend)"
-    return f"{how}, then Program.load(..., delegates=registry)"
+    if backend_id in _builtin_backends():
+        return (
+            f"{backend_id} ships with the runtime: load with the default registry "
+            "(Program.load(...) or delegates=default_delegate_registry()), or add it with "
+            f"registry.register({backend_id!r}, default_delegate_registry().get({backend_id!r}))"
+        )
+    return "registry.register(backend_id, backend), then Program.load(..., delegates=registry)"
 
 
 def default_delegate_registry() -> DelegateRegistry:
-    """A fresh registry with the builtin backends."""
+    """A fresh registry with the builtin backends (:mod:`exportir.runtime.backends`)."""
     return DelegateRegistry(dict(_builtin_backends()))
 
 
 def _builtin_backends() -> dict[str, BackendRuntime]:
-    return {}
+    # imported here, not at module import: a program without delegates never loads it
+    from exportir.runtime.backends import fused_cpu
+
+    return {fused_cpu.BACKEND_ID: fused_cpu.FusedCpuRuntime()}

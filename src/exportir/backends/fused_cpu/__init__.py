@@ -1,5 +1,7 @@
-"""The fused CPU backend: ``FusedCpuPartitioner``, ``FusedCpuBackend`` (preprocess) and, in
-``runtime``, the executor the program runtime calls.
+"""The fused CPU backend's compile side: ``FusedCpuPartitioner`` and ``FusedCpuBackend``
+(preprocess). Its executor ships with the runtime, :mod:`exportir.runtime.backends.fused_cpu`
+(same backend id), and is in the runtime's default delegate registry; ``runtime`` here
+re-exports it.
 
 The compile-side names load on first use, so importing ``exportir.backends.fused_cpu.runtime``
 (which imports this package first) loads nothing of the compiler.
@@ -24,7 +26,7 @@ def __getattr__(name: str) -> Any:
 
         return FusedCpuPartitioner
     if name == "FusedCpuRuntime":
-        from exportir.backends.fused_cpu.runtime import FusedCpuRuntime
+        from exportir.runtime.backends.fused_cpu import FusedCpuRuntime
 
         return FusedCpuRuntime
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

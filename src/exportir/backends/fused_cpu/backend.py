@@ -1,6 +1,6 @@
 """The fused CPU backend ahead of time: ``preprocess`` turns an Edge program into a blob.
 
-The blob (format in :mod:`exportir.backends.fused_cpu.runtime`) is a JSON op list over value
+The blob (format in :mod:`exportir.runtime.backends.fused_cpu`) is a JSON op list over value
 slots plus the raw bytes of the constant tensors the program owns: no pickle, nothing executable.
 While encoding, ``preprocess`` plans two savings the executor applies: each intermediate is
 released after its last reader, and a unary op whose input is a dead intermediate of the same
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from exportir.backends.fused_cpu.runtime import (
+from exportir.runtime.backends.fused_cpu import (
     ALIGNMENT,
     BACKEND_ID,
     DTYPES,

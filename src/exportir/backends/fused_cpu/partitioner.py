@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from exportir.backends.fused_cpu.backend import Unencodable, encode_arg, op_name
-from exportir.backends.fused_cpu.runtime import BACKEND_ID, OPS
+from exportir.runtime.backends.fused_cpu import BACKEND_ID, OPS
 from exportir.dialects.backend import (
     DELEGATION_TAG,
     CompileSpec,
@@ -71,7 +71,7 @@ class FusedCpuPartitioner(Partitioner):
         if unknown:
             raise ValueError(
                 f"FusedCpuPartitioner: the backend does not run {unknown}; it runs "
-                f"a subset of exportir.backends.fused_cpu.runtime.OPS"
+                f"a subset of exportir.runtime.backends.fused_cpu.OPS"
             )
         self.own_constants = own_constants
 

@@ -20,6 +20,10 @@ from typing import Any
 
 import torch
 
+from exportir.dialects.backend import BackendDetails, CompileSpec, PreprocessResult
+from exportir.dialects.edge.verifier import user_source_line
+from exportir.export.signature import InputKind, OutputKind
+from exportir.fx.node import Node
 from exportir.runtime.backends.fused_cpu import (
     ALIGNMENT,
     BACKEND_ID,
@@ -30,10 +34,6 @@ from exportir.runtime.backends.fused_cpu import (
     OPS,
     FusedCpuRuntime,
 )
-from exportir.dialects.backend import BackendDetails, CompileSpec, PreprocessResult
-from exportir.dialects.edge.verifier import user_source_line
-from exportir.export.signature import InputKind, OutputKind
-from exportir.fx.node import Node
 
 __all__ = ["FusedCpuBackend", "FusedCpuLoweringError", "encode_arg", "op_name"]
 

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from exportir.backends.fused_cpu.backend import Unencodable, encode_arg, op_name
-from exportir.runtime.backends.fused_cpu import BACKEND_ID, OPS
 from exportir.dialects.backend import (
     DELEGATION_TAG,
     CompileSpec,
@@ -32,6 +31,7 @@ from exportir.dialects.backend import (
 from exportir.export.signature import InputKind, OutputKind
 from exportir.fx.node import Node
 from exportir.passes.partition import propose_partitions, tag_partitions
+from exportir.runtime.backends.fused_cpu import BACKEND_ID, OPS
 
 __all__ = ["LAYOUT_OPS", "FusedCpuPartitioner"]
 

@@ -32,7 +32,14 @@ from exportir.export._node_meta import (
     innermost_user_frame,
     source_fn_entry,
 )
-from exportir.export.fake import FakeConverter, FakeTensor, fake_like, fakify, run_fake
+from exportir.export.fake import (
+    FakeConverter,
+    FakeTensor,
+    fake_like,
+    fakify,
+    run_fake,
+    shape_env_of,
+)
 from exportir.fx import Graph, GraphModule, Node
 from exportir.symbolic import ShapeEnv
 
@@ -151,6 +158,10 @@ class Recorder:
 
     def on_sym_op(self, target: Any, operands: tuple, out: Any) -> None:
         """ShapeEnv listener: user code computed ``out = target(*operands)`` symbolically."""
+        same = next((o for o in operands if o.pytype is out.pytype and o.expr == out.expr), None)
+        if same is not None:  # ``1 * s0`` (a decomposition's arithmetic) reads s0's node
+            self._track_sym(out, _SymAlias(self, same))
+            return
         self._track_sym(out, _SymOp(self, target, operands, out))
 
     def sym_arg(self, x: Any) -> Any:
@@ -158,8 +169,11 @@ class Recorder:
         expr = x.node.expr
         if expr.is_number or expr in (sympy.true, sympy.false):
             return x.node.pytype(expr)
+        # a value already in the graph is reused; else the op that computed this very value
         hit = self.sym_nodes.get(id(x.node))
-        producer = hit[1] if hit is not None and hit[0] is x.node else self.sym_by_expr.get(expr)
+        producer = self.sym_by_expr.get(expr)
+        if not isinstance(producer, Node) and hit is not None and hit[0] is x.node:
+            producer = hit[1]
         if producer is None:
             raise ExportError(
                 f"the symbolic value {expr} reached the graph but no traced op computes it.\n"
@@ -276,6 +290,18 @@ class _SymOp:
         )
         rec._fill_meta(node, self.target, _wrap_sym(self.out))
         return node
+
+
+class _SymAlias:
+    """A symbolic result equal to one of its operands: the operand's node stands for it."""
+
+    __slots__ = ("operand", "rec")
+
+    def __init__(self, rec: Recorder, operand: Any) -> None:
+        self.rec, self.operand = rec, operand
+
+    def make(self) -> Node:
+        return self.rec.sym_arg(_wrap_sym(self.operand))
 
 
 def _wrap_sym(sym_node: Any) -> Any:
@@ -749,7 +775,8 @@ def retrace(
     table = dict(decomposition_table or {})
     if table:
         table = {**_ALWAYS_DECOMPOSED, **table}
-    rec = Recorder(decomposition_table=table)
+    # symbolic inputs keep their symbols: the program's ShapeEnv (ranges, replacements) goes on
+    rec = Recorder(decomposition_table=table, shape_env=shape_env_of(flat_fake_inputs))
     env: dict[Node, Any] = {}
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
     if len(placeholders) != len(flat_fake_inputs):
@@ -768,17 +795,21 @@ def retrace(
     def rerun_view(view: Node) -> None:
         env[view] = _rerun(view, env)
 
-    with TraceSettings(), CaptureMode(rec), _control_flow().ControlFlowMode():
-        for node in gm.graph.nodes:
-            if node.op == "call_function":
-                rec.origin = node
-                replay.before(node, rerun_view)
-                env[node] = _rerun(node, env)
-                replay.after(node)
-            elif node.op == "get_attr":  # a cond/map/while_loop body
-                env[node] = getattr(gm, node.target)
-            elif node.op == "output":
-                output = node
+    rec.shape_env.op_listener = rec.on_sym_op  # symbolic arithmetic nodes are re-recorded
+    try:
+        with TraceSettings(), CaptureMode(rec), _control_flow().ControlFlowMode():
+            for node in gm.graph.nodes:
+                if node.op == "call_function":
+                    rec.origin = node
+                    replay.before(node, rerun_view)
+                    env[node] = _rerun(node, env)
+                    replay.after(node)
+                elif node.op == "get_attr":  # a cond/map/while_loop body
+                    env[node] = getattr(gm, node.target)
+                elif node.op == "output":
+                    output = node
+    finally:
+        rec.shape_env.op_listener = None
     rec.origin = output
     flat_out = pytree.tree_leaves(_lookup(output.args[0], env))
     rec.graph.output(tuple(_output_value(rec, o) for o in flat_out))

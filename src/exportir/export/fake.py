@@ -250,8 +250,12 @@ def run_fake(func: Any, args: tuple, kwargs: dict, converter: FakeConverter) -> 
 
 
 def _shape_env_of(u: _Unwrapped) -> ShapeEnv | None:
-    """The ShapeEnv of the first symbolic size or scalar among the (meta) arguments."""
-    for x in pytree_leaves((u.args, u.kwargs)):
+    return shape_env_of((u.args, u.kwargs))
+
+
+def shape_env_of(values: Any) -> ShapeEnv | None:
+    """The ShapeEnv of the first symbolic size or scalar in ``values`` (a pytree), if any."""
+    for x in pytree_leaves(values):
         if isinstance(x, torch.Tensor):
             for s in x.shape:
                 if isinstance(s, torch.SymInt):

@@ -335,3 +335,39 @@ def test_symbolic_sizes_plan_their_upper_bound():
     assert _size_bound(env.symint(s0 * 2)) == (32, True)  # planned at the upper bound
     assert _size_bound(env.create_unbacked_symint()) == (0, False)  # runtime-allocated
     assert _size_bound(5) == (5, True)
+
+
+# ------------------------------------------------------------------------------ constant folding
+
+
+def _op_names(program):
+    m = program.methods[0]
+    return [str(m.operators[i.op_index]) for i in m.instructions if hasattr(i, "op_index")]
+
+
+def test_weight_transposes_are_folded_into_constants():
+    model = MLP().eval()
+    x = torch.randn(2, 8)
+    program, data = _emit(model, x)
+    assert not any("permute" in o or "t_copy" in o for o in _op_names(program))
+    torch.testing.assert_close(run(program, "forward", x)[0], model(x))
+    # only the transposed weights are stored, not the originals as well
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert sum(len(c.data) for c in program.constants) == weight_bytes
+
+
+def test_folding_skips_inputs_random_ops_and_growing_results():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("table", torch.randn(4, 8))
+
+        def forward(self, x):
+            big = self.table.expand(64, 4, 8)  # 8 KiB from 128 B: stays an instruction
+            noise = torch.ops.aten.native_dropout(self.table, 0.5, True)[0]  # random: each call
+            return x @ self.table.t() + 1, big.sum(0), noise
+
+    program, _ = _emit(Net().eval(), torch.randn(2, 8))
+    ops = _op_names(program)
+    assert any("expand_copy" in o for o in ops) and any("native_dropout" in o for o in ops)
+    assert not any("permute" in o or "t_copy" in o for o in ops)  # table.t() is folded

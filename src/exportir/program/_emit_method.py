@@ -15,11 +15,16 @@ from typing import Any
 import torch
 
 from exportir.fx import Node
+from exportir.fx.node import map_arg
 from exportir.program import kernels, planning, schema
 from exportir.program.kernels import EmitError, source_line
 
 _CONSTANT_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
 _RUNTIME_SCALARS = (schema.Int, schema.Double, schema.Bool)
+
+# Constant folding never stores a result larger than its constant inputs, unless it is this
+# small (a cast or broadcast of a lifted scalar).
+FOLD_SMALL_BYTES = 256
 _MUTATION_KINDS = ("BUFFER_MUTATION", "PARAMETER_MUTATION")
 
 
@@ -118,6 +123,9 @@ class MethodEmitter:
         self.by_input_name: dict[str, int] = {}
         self.state_value: dict[str, int] = {}
         self.scalar_tensors: dict[Node, int] = {}
+        # nodes whose value is known at emit time (weights, lifted constants, folded nodes):
+        # a constant value is made only when an instruction or output reads the node
+        self.constants: dict[Node, Any] = {}
         self.current: Node | None = None  # the node being emitted (debug info of helpers)
 
     # -- values ---------------------------------------------------------------------------------
@@ -192,6 +200,8 @@ class MethodEmitter:
 
     def node_ref(self, node: Node) -> int:
         found = self.node_value.get(node)
+        if found is None and isinstance(self.constants.get(node), torch.Tensor):
+            found = self.node_value[node] = self.constant_tensor(self.constants[node])
         if found is None:
             raise EmitError(
                 f"method {self.name!r}: node {node.name!r} is used but produced no single value "
@@ -367,6 +377,46 @@ class MethodEmitter:
         index = self.operator_index(choice.operator)
         self.emit_instruction(lambda d: schema.KernelCall(index, tuple(args), d), node)
 
+    def fold(self, node: Node) -> bool:
+        """Constant folding: a kernel node whose tensor inputs are all constants (a weight's
+        ``permute_copy``, a lifted scalar's cast) runs once, here, and its result is stored as
+        a constant instead of being recomputed on every call. Nodes are not folded when they
+        are random, read no constant tensor (factories: their results may be large), or would
+        store more bytes than their constant inputs hold (beyond :data:`FOLD_SMALL_BYTES`).
+        Returns whether ``node`` was folded."""
+        op = kernels.aten_op(node.target)
+        if torch.Tag.nondeterministic_seeded in op.tags:
+            return False
+        inputs = [n for n in node.all_input_nodes]
+        if not inputs or any(n not in self.constants for n in inputs):
+            return False
+        read = [self.constants[n] for n in inputs if isinstance(self.constants[n], torch.Tensor)]
+        if not read:
+            return False
+        val = node.meta.get("val")
+        vals = tuple(val) if isinstance(val, (list, tuple)) else (val,)
+        if not all(isinstance(v, torch.Tensor) for v in vals):
+            return False
+        if not all(isinstance(s, int) for v in vals for s in v.shape):
+            return False
+        out_bytes = sum(v.numel() * v.element_size() for v in vals)
+        if out_bytes > max(FOLD_SMALL_BYTES, sum(t.numel() * t.element_size() for t in read)):
+            return False
+        args, kwargs = map_arg((node.args, node.kwargs), lambda n: self.constants[n])
+        try:
+            with torch.no_grad():
+                result = op(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - not foldable here: the runtime runs it instead
+            return False
+        results = tuple(result) if isinstance(result, (list, tuple)) else (result,)
+        if len(results) != len(vals) or any(
+            not isinstance(r, torch.Tensor) or r.dtype != v.dtype or tuple(r.shape) != tuple(v.shape)
+            for r, v in zip(results, vals)
+        ):
+            return False
+        self.constants[node] = results if isinstance(val, (list, tuple)) else results[0]
+        return True
+
     def emit_fallback(self, node: Node) -> None:
         """A custom op without an out variant: its functional schema's arguments, then one
         planned out tensor per result (:data:`schema.FUNCTIONAL_FALLBACK`)."""
@@ -398,6 +448,8 @@ class MethodEmitter:
         inputs = []
         for a in node.args[1:]:
             for item in a if isinstance(a, (list, tuple)) else (a,):
+                if isinstance(item, Node) and item in self.constants:
+                    self.node_ref(item)
                 is_tensor = isinstance(item, (Node, torch.Tensor)) and not (
                     isinstance(item, Node) and item in self.node_value
                     and not isinstance(self.values[self.node_value[item]],
@@ -417,6 +469,10 @@ class MethodEmitter:
 
     def emit_getitem(self, node: Node) -> None:
         src, idx = node.args
+        folded = self.constants.get(src)
+        if isinstance(folded, tuple) and isinstance(idx, int):
+            self.constants[node] = folded[idx]
+            return
         items = self.node_items.get(src)
         if items is None or not isinstance(idx, int) or not -len(items) <= idx < len(items):
             raise EmitError(f"node {node.name!r}: getitem {idx!r} of {src!r} has no value")
@@ -429,7 +485,8 @@ class MethodEmitter:
         elif kind == "delegate":
             self.emit_delegate(node)
         elif kind == "kernel":
-            self.emit_kernel(node)
+            if not self.fold(node):
+                self.emit_kernel(node)
         elif kind == "fallback":
             self.emit_fallback(node)
         elif kind == "prim":
@@ -458,9 +515,9 @@ class MethodEmitter:
                 self.values[ref].initial = self.program.constant(tensor_bytes(t))
                 self.whole_method.append(ref)
                 self.state_value[spec.target] = ref
+                self.node_value[node] = ref
             else:
-                ref = self.constant_tensor(t)
-            self.node_value[node] = ref
+                self.constants[node] = t  # made a constant value when something reads it
         elif kind == "USER_INPUT":
             val = node.meta.get("val")
             if isinstance(val, torch.Tensor):
@@ -523,7 +580,7 @@ class MethodEmitter:
             elif node.op == "get_attr":
                 obj = kernels.get_attr(self.gm, node.target)
                 if isinstance(obj, torch.Tensor):
-                    self.node_value[node] = self.constant_tensor(obj)
+                    self.constants[node] = obj
             elif node.op == "call_function":
                 self.current = node
                 self.emit_call(node)

@@ -348,7 +348,7 @@ def _op_names(program):
 def test_weight_transposes_are_folded_into_constants():
     model = MLP().eval()
     x = torch.randn(2, 8)
-    program, data = _emit(model, x)
+    program, _ = _emit(model, x)
     assert not any("permute" in o or "t_copy" in o for o in _op_names(program))
     torch.testing.assert_close(run(program, "forward", x)[0], model(x))
     # only the transposed weights are stored, not the originals as well

@@ -1,9 +1,13 @@
 """Emission: edge/backend ``ExportedProgram`` s -> :class:`schema.Program`.
 
 For each method, in graph order: placeholders become input / constant / state values, each
-``call_function`` node becomes one instruction (its op's out variant, a delegate call, or a
-runtime primitive on symbolic scalars), and the output node's mutations become ``MoveCall`` s into
-the mutated buffers / inputs. Then the planned tensors get arena offsets
+``call_function`` node becomes one instruction (its op's out variant, a delegate call, a
+runtime primitive on symbolic scalars, or, for a custom op without an out variant, its
+functional fallback), and the output node's mutations become ``MoveCall`` s into the mutated
+buffers / inputs. An op whose out variant mutates some inputs (training batch norm) runs on
+copies of them (``MoveCall`` s first). Kernel nodes whose tensor inputs are all constants are
+folded: run once here, stored as constants (``MethodEmitter.fold``); constants are stored only
+if something reads them. Then the planned tensors get arena offsets
 (:func:`planning.plan_method`) and the program is validated as the loader will validate it.
 
 Before anything is built, :func:`check_kernel_coverage` checks that every node can run; a program

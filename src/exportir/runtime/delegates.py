@@ -86,7 +86,8 @@ def default_delegate_registry() -> DelegateRegistry:
 
 
 def _builtin_backends() -> dict[str, BackendRuntime]:
-    # imported here, not at module import: a program without delegates never loads it
+    # imported when a default registry is made (Program.load without delegates=...), not when
+    # exportir.runtime is imported
     from exportir.runtime.backends import fused_cpu
 
     return {fused_cpu.BACKEND_ID: fused_cpu.FusedCpuRuntime()}

@@ -1,0 +1,211 @@
+"""``insert_deferred_runtime_asserts`` against torch's pass of the same name.
+
+Each program is captured once with torch's ``make_fx(f, tracing_mode="symbolic")``; the graph
+(with its meta) is copied node by node into an ``exportir.fx`` GraphModule, then torch's pass
+runs on the torch graph and ours on the copy, with the same ShapeEnv. The two graphs must have
+the same op sequence and the same assert messages (node names may differ: torch's graph
+namespace remembers names freed during tracing, so names are compared through the graph), and
+must accept and reject the same inputs with the same error.
+
+Reproduce one case: ``pytest tests/fx/test_runtime_assert.py -k <program name>``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.fx
+from conftest import import_ours_fx
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.passes.runtime_assert import (
+    insert_deferred_runtime_asserts as torch_insert_deferred_runtime_asserts,
+)
+
+from exportir.fx.passes.runtime_assert import insert_deferred_runtime_asserts
+
+ours_fx = import_ours_fx()
+_NODE_IN_MSG = re.compile(r" on node '([^']*)'$")
+
+
+def copy_to_ours(tgm: torch.fx.GraphModule):
+    """The same graph as an exportir.fx GraphModule, meta included."""
+    graph = ours_fx.Graph()
+    env: dict[torch.fx.Node, object] = {}
+    for n in tgm.graph.nodes:
+        env[n] = graph.create_node(
+            n.op,
+            n.target,
+            torch.fx.map_arg(n.args, env.__getitem__),
+            torch.fx.map_arg(n.kwargs, env.__getitem__),
+            name=n.name,
+        )
+        env[n].meta.update(n.meta)
+    return ours_fx.GraphModule(torch.nn.Module(), graph)
+
+
+def shape_env_of(gm):
+    for n in gm.graph.nodes:
+        mode = getattr(n.meta.get("val"), "fake_mode", None)
+        if mode is not None:
+            return mode.shape_env
+    raise AssertionError("no fake tensor in the graph")
+
+
+# --------------------------------------------------------------------------------------------
+# Programs: (function, capture inputs, inputs that pass, inputs that fail an assert).
+
+
+def item_check_range(x, y):
+    n = x.sum().item()
+    torch._check(n >= 2)
+    torch._check(n <= 10)
+    torch._check(n + y.shape[0] < 30)
+    return y.new_zeros(n) + 1
+
+
+def item_check_is_size(x):
+    n = x.sum().item()
+    torch._check_is_size(n)
+    torch._check(n < 50)
+    return torch.zeros(n)
+
+
+def two_unbacked_symbols(x):
+    a = x[0].item()
+    b = x[1].item()
+    torch._check(a < b)
+    torch._check(a * b <= 20)
+    return torch.full((2,), a) + b
+
+
+def item_against_size(x, y):
+    n = x[0].item()
+    torch._check(n % 2 == 0)
+    torch._check(n + 1 < y.shape[0])
+    torch._check(y.shape[0] - n >= 2)
+    return y.sum() * n
+
+
+def nonzero_count(x):
+    nz = x.nonzero()
+    torch._check(nz.shape[0] <= 3)
+    return nz + 1
+
+
+def item_max_min(x, y):
+    n = x.sum().item()
+    torch._check(torch.sym_max(n, y.shape[0]) <= 8)
+    torch._check(n // 2 >= 1)
+    return y * n
+
+
+PROGRAMS = {
+    "item_check_range": (
+        item_check_range,
+        (torch.tensor([1, 2]), torch.randn(4)),
+        [(torch.tensor([1, 2]), torch.randn(4)), (torch.tensor([5, 5]), torch.randn(7))],
+        [
+            (torch.tensor([5, 6]), torch.randn(4)),
+            (torch.tensor([0, 1]), torch.randn(4)),
+            (torch.tensor([5, 5]), torch.randn(25)),
+        ],
+    ),
+    "item_check_is_size": (
+        item_check_is_size,
+        (torch.tensor([1, 2]),),
+        [(torch.tensor([1, 2]),), (torch.tensor([0, 0]),)],
+        [(torch.tensor([-3, 1]),), (torch.tensor([30, 30]),)],
+    ),
+    "two_unbacked_symbols": (
+        two_unbacked_symbols,
+        (torch.tensor([1, 3]),),
+        [(torch.tensor([1, 3]),), (torch.tensor([2, 10]),)],
+        [(torch.tensor([3, 1]),), (torch.tensor([3, 7]),)],
+    ),
+    "item_against_size": (
+        item_against_size,
+        (torch.tensor([2]), torch.randn(5)),
+        [(torch.tensor([2]), torch.randn(5)), (torch.tensor([4]), torch.randn(6))],
+        [(torch.tensor([3]), torch.randn(5)), (torch.tensor([4]), torch.randn(5))],
+    ),
+    "nonzero_count": (
+        nonzero_count,
+        (torch.tensor([0, 1, 1]),),
+        [(torch.tensor([0, 1, 1]),), (torch.tensor([0, 0, 0, 0]),)],
+        [(torch.tensor([1, 1, 1, 1]),)],
+    ),
+    "item_max_min": (
+        item_max_min,
+        (torch.tensor([1, 2]), torch.randn(4)),
+        [(torch.tensor([1, 2]), torch.randn(4)), (torch.tensor([4, 4]), torch.randn(3))],
+        [(torch.tensor([4, 5]), torch.randn(3)), (torch.tensor([0, 1]), torch.randn(3))],
+    ),
+}
+
+
+def both(name):
+    fn, capture_args, _, _ = PROGRAMS[name]
+    tgm = make_fx(fn, tracing_mode="symbolic")(*capture_args)
+    shape_env = shape_env_of(tgm)
+    ogm = copy_to_ours(tgm)
+    insert_deferred_runtime_asserts(ogm, shape_env, name)
+    torch_insert_deferred_runtime_asserts(tgm, shape_env, name)
+    tgm.recompile()
+    return tgm, ogm
+
+
+def map_nodes(value, fn):
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_nodes(v, fn) for v in value)
+    return fn(value) if hasattr(value, "op") else value
+
+
+def op_sequence(gm):
+    """(op, target, args with nodes as positions, assert message shape) for every node."""
+    nodes = list(gm.graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    rows = []
+    for n in nodes:
+        args = list(map_nodes(n.args, lambda a: f"%{index[a]}"))
+        if n.target is torch.ops.aten._assert_scalar.default:
+            msg = _NODE_IN_MSG.search(args[1])
+            assert msg and msg.group(1) == n.args[0].name, args[1]
+            args[1] = _NODE_IN_MSG.sub("", args[1])
+        target = n.target if n.op != "placeholder" else None
+        rows.append((n.op, target, repr(args)))
+    return rows
+
+
+def normalized_error(gm, args) -> str:
+    with pytest.raises(RuntimeError) as info:
+        gm(*args)
+    return _NODE_IN_MSG.sub("", str(info.value).splitlines()[0].rstrip())
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_same_graph_as_torch(name):
+    tgm, ogm = both(name)
+    assert op_sequence(ogm) == op_sequence(tgm), f"\nours:\n{ogm.code}\ntorch:\n{tgm.code}"
+    asserts = [n for n in ogm.graph.nodes if n.target is torch.ops.aten._assert_scalar.default]
+    assert asserts, "program has no runtime assert; it tests nothing"
+    exprs = [n.args[1] for n in asserts]
+    assert len(set(exprs)) == len(exprs), "duplicated assert"
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_same_behaviour_as_torch(name):
+    tgm, ogm = both(name)
+    _, _, passing, failing = PROGRAMS[name]
+    for args in passing:
+        torch.testing.assert_close(ogm(*args), tgm(*args))
+    for args in failing:
+        assert normalized_error(ogm, args) == normalized_error(tgm, args), args
+
+
+def test_rerun_adds_nothing():
+    _, ogm = both("item_check_range")
+    before = op_sequence(ogm)
+    insert_deferred_runtime_asserts(ogm, shape_env_of(ogm), "again")
+    assert op_sequence(ogm) == before

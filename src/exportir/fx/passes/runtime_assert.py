@@ -446,11 +446,14 @@ class _AssertInserter:
             self._emit_assert(expr)
 
     def _range_asserts(self, sym: Any) -> None:
-        vr = self.shape_env.var_to_range[sym]
+        vr = self.shape_env.var_to_range.get(sym)
+        if vr is None:
+            return
         lower, upper = vr.lower, vr.upper
-        if vr.is_int and upper == sys.maxsize - 1:
+        if getattr(vr, "is_int", True) and upper == sys.maxsize - 1:
             upper = None
-        if self.shape_env._default_unspecified_value_range().issubset(vr):
+        default = getattr(self.shape_env, "_default_unspecified_value_range", None)
+        if default is not None and default().issubset(vr):
             return
         for bound, make in ((lower, operator.ge), (upper, operator.le)):
             value = self._finite(bound, vr)
@@ -467,9 +470,9 @@ class _AssertInserter:
         if bound is None or "Infinity" in type(bound).__name__:
             return None
         try:
-            if vr.is_int:
+            if getattr(vr, "is_int", True):
                 return int(bound)
-            if vr.is_float:
+            if getattr(vr, "is_float", False):
                 return float(bound)
         except (TypeError, OverflowError):
             return None

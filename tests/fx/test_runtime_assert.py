@@ -12,7 +12,9 @@ Reproduce one case: ``pytest tests/fx/test_runtime_assert.py -k <program name>``
 
 from __future__ import annotations
 
+import operator
 import re
+import warnings
 
 import pytest
 import torch
@@ -42,7 +44,8 @@ def copy_to_ours(tgm: torch.fx.GraphModule):
             name=n.name,
         )
         env[n].meta.update(n.meta)
-    return ours_fx.GraphModule(torch.nn.Module(), graph)
+    root = {n.target: getattr(tgm, n.target) for n in tgm.graph.nodes if n.op == "get_attr"}
+    return ours_fx.GraphModule(root, graph)
 
 
 def shape_env_of(gm):
@@ -184,8 +187,9 @@ def op_sequence(gm):
         args = list(map_nodes(n.args, lambda a: f"%{index[a]}"))
         if n.target is torch.ops.aten._assert_scalar.default:
             msg = _NODE_IN_MSG.search(args[1])
-            assert msg and msg.group(1) == n.args[0].name, args[1]
-            args[1] = _NODE_IN_MSG.sub("", args[1])
+            if msg:  # a generated message names its condition node
+                assert msg.group(1) == n.args[0].name, args[1]
+                args[1] = _NODE_IN_MSG.sub("", args[1])
         target = n.target if n.op != "placeholder" else None
         rows.append((n.op, target, repr(args)))
     return rows
@@ -228,3 +232,54 @@ def test_rerun_same_as_torch(name):
     torch_insert_deferred_runtime_asserts(tgm, shape_env, "again")
     tgm.recompile()
     assert op_sequence(ogm) == op_sequence(tgm), f"\nours:\n{ogm.code}\ntorch:\n{tgm.code}"
+
+
+# --------------------------------------------------------------------------------------------
+# Graphs that already hold asserts (as a frontend recording torch._check would leave them).
+
+
+def _with_user_asserts(tgm):
+    """Add before the first tensor op: torch._check(u0 <= 5, "n too big") with a string, an
+    ``_assert_scalar`` on u0 >= 2 (the ShapeEnv also defers it) whose message is a get_attr
+    lambda, and a trivially true check."""
+    graph = tgm.graph
+    item = next(n for n in graph.nodes if n.target is torch.ops.aten._local_scalar_dense.default)
+    n_val = item.meta["val"]
+    tgm.msg_fn = lambda: "n too small"  # a plain attribute, as for get_attr
+    with graph.inserting_before(item.next):
+        true_check = graph.call_function(torch._check, (True,))
+        with warnings.catch_warnings():  # a plain attribute: torch warns it is no module/param
+            warnings.simplefilter("ignore")
+            msg = graph.get_attr("msg_fn")
+        le = graph.call_function(operator.le, (item, 5))
+        le.meta["val"] = n_val <= 5
+        check = graph.call_function(torch._check, (le, "n too big"))
+        ge = graph.call_function(operator.ge, (item, 2))
+        ge.meta["val"] = n_val >= 2
+        graph.call_function(torch._assert_scalar, (ge, msg))
+    assert true_check.users == {} and check.users == {}
+    tgm.recompile()
+    return tgm
+
+
+@pytest.mark.parametrize("name", ["item_check_range", "item_max_min"])
+def test_user_asserts_same_as_torch(name):
+    fn, capture_args, passing, _ = PROGRAMS[name]
+    tgm = _with_user_asserts(make_fx(fn, tracing_mode="symbolic")(*capture_args))
+    shape_env = shape_env_of(tgm)
+    ogm = copy_to_ours(tgm)
+    insert_deferred_runtime_asserts(ogm, shape_env, name)
+    torch_insert_deferred_runtime_asserts(tgm, shape_env, name)
+    tgm.recompile()
+    assert op_sequence(ogm) == op_sequence(tgm), f"\nours:\n{ogm.code}\ntorch:\n{tgm.code}"
+    messages = [
+        n.args[1] for n in ogm.graph.nodes if n.target is torch.ops.aten._assert_scalar.default
+    ]
+    assert {"n too big", "n too small"} <= set(messages)
+    assert not any(n.target in (torch._check, torch._assert_scalar) for n in ogm.graph.nodes)
+    rest = tuple(passing[0][1:])
+    torch.testing.assert_close(ogm(*passing[0]), tgm(*passing[0]))
+    too_big, too_small = (torch.tensor([3, 4]), *rest), (torch.tensor([0, 1]), *rest)
+    assert normalized_error(ogm, too_big) == normalized_error(tgm, too_big) == "n too big"
+    # item_max_min's deferred u0//2 >= 1 may fire before the user's check: compare only
+    assert normalized_error(ogm, too_small) == normalized_error(tgm, too_small)

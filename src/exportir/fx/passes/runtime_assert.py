@@ -18,6 +18,7 @@ Contract:
 
 from __future__ import annotations
 
+import dis
 import operator
 import sys
 from collections.abc import Callable
@@ -151,6 +152,22 @@ def _is_single_symbol_bound(expr: sympy.Basic) -> bool:
 
 def _default_msg(expr: Any, cond: Any) -> str:
     return f"Runtime assertion failed for expression {expr} on node '{cond}'"
+
+
+_NO_OP_INSTRUCTIONS = frozenset({"CACHE", "COPY_FREE_VARS", "EXTENDED_ARG", "NOP", "RESUME"})
+
+
+def _constant_string_of(fn: Callable[..., Any]) -> str | None:
+    """The string a zero-argument message callable (``lambda: "text"``) returns, read from its
+    bytecode so that user code never runs at compile time; ``None`` for anything else."""
+    code = getattr(fn, "__code__", None)
+    if code is None or code.co_argcount or code.co_posonlyargcount or code.co_kwonlyargcount:
+        return None
+    ops = [i for i in dis.get_instructions(fn) if i.opname not in _NO_OP_INSTRUCTIONS]
+    shapes = (["RETURN_CONST"], ["LOAD_CONST", "RETURN_VALUE"])
+    if [i.opname for i in ops] in shapes and isinstance(ops[0].argval, str):
+        return ops[0].argval
+    return None
 
 
 class _Annotator:
@@ -381,13 +398,10 @@ class _AssertInserter:
             attr: Any = self.gm
             for atom in str(msg.target).split("."):
                 attr = getattr(attr, atom)
+            if callable(attr) and (text := _constant_string_of(attr)) is not None:
+                return text
             if isinstance(attr, str):
                 return attr
-            if callable(attr):
-                raise NotImplementedError(
-                    "insert_deferred_runtime_asserts: a torch._check with a callable message "
-                    f"(node {node.name!r}) is not supported yet"
-                )
         return _default_msg(expr, cond)
 
     def _erase_assert(self, node: Node, cond: Any) -> None:

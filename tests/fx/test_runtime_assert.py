@@ -17,6 +17,7 @@ import re
 import warnings
 
 import pytest
+import sympy
 import torch
 import torch.fx
 from conftest import import_ours_fx
@@ -283,3 +284,31 @@ def test_user_asserts_same_as_torch(name):
     assert normalized_error(ogm, too_big) == normalized_error(tgm, too_big) == "n too big"
     # item_max_min's deferred u0//2 >= 1 may fire before the user's check: compare only
     assert normalized_error(ogm, too_small) == normalized_error(tgm, too_small)
+
+
+def test_symbol_free_key_asserts_same_as_torch():
+    """Asserts filed under ``None`` (no unbacked symbol) go right after the placeholders."""
+    from torch.fx.experimental.symbolic_shapes import RuntimeAssert
+
+    fn, capture_args, passing, _ = PROGRAMS["item_check_range"]
+    tgm = make_fx(fn, tracing_mode="symbolic")(*capture_args)
+    shape_env = shape_env_of(tgm)
+    s = next(n for n in tgm.graph.nodes if n.op == "placeholder" and n.name == "y_1")
+    size = s.meta["val"].shape[0].node.expr
+    extra = [
+        RuntimeAssert(size * 2 > 4, "", ""),
+        RuntimeAssert(sympy.Eq(size % 7, 0) | (size < 9), "", ""),
+    ]
+    shape_env.deferred_runtime_asserts.setdefault(None, []).extend(extra)
+    try:
+        ogm = copy_to_ours(tgm)
+        insert_deferred_runtime_asserts(ogm, shape_env, "none_key")
+        torch_insert_deferred_runtime_asserts(tgm, shape_env, "none_key")
+    finally:
+        del shape_env.deferred_runtime_asserts[None][-2:]
+    tgm.recompile()
+    assert "expression 2*s57 > 4" in ogm.code
+    assert op_sequence(ogm) == op_sequence(tgm), f"\nours:\n{ogm.code}\ntorch:\n{tgm.code}"
+    torch.testing.assert_close(ogm(*passing[0]), tgm(*passing[0]))
+    for bad in [(torch.tensor([1, 2]), torch.randn(2)), (torch.tensor([1, 2]), torch.randn(10))]:
+        assert normalized_error(ogm, bad) == normalized_error(tgm, bad)

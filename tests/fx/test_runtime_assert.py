@@ -312,3 +312,12 @@ def test_symbol_free_key_asserts_same_as_torch():
     torch.testing.assert_close(ogm(*passing[0]), tgm(*passing[0]))
     for bad in [(torch.tensor([1, 2]), torch.randn(2)), (torch.tensor([1, 2]), torch.randn(10))]:
         assert normalized_error(ogm, bad) == normalized_error(tgm, bad)
+
+
+def test_unkeyed_deferred_asserts_are_refused():
+    class ListShapeEnv:
+        deferred_runtime_asserts: list = []
+
+    _, ogm = both("item_check_range")
+    with pytest.raises(NotImplementedError, match="as a dict"):
+        insert_deferred_runtime_asserts(ogm, ListShapeEnv(), "list")

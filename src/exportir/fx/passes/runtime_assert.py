@@ -338,9 +338,14 @@ class _AssertInserter:
 
     def __init__(self, gm: GraphModule, shape_env: Any, export: bool) -> None:
         self.gm, self.graph, self.shape_env = gm, gm.graph, shape_env
-        self.pending: dict[Any, list[Any]] = {
-            k: list(v) for k, v in shape_env.deferred_runtime_asserts.items()
-        }
+        deferred = shape_env.deferred_runtime_asserts
+        if not isinstance(deferred, dict):
+            raise NotImplementedError(
+                "insert_deferred_runtime_asserts needs shape_env.deferred_runtime_asserts as a "
+                "dict (unbacked symbol or None -> asserts), as torch's ShapeEnv keeps it; got "
+                f"{type(deferred).__name__}. Key the asserts by symbol before calling this pass."
+            )
+        self.pending: dict[Any, list[Any]] = {k: list(v) for k, v in deferred.items()}
         val_key = "val"
         for node in self.graph.nodes:
             if "example_value" in node.meta:

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench bench-export bench-program clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,5 +23,24 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/fx_bench.py
 
+bench-export: $(STAMP)
+	$(PY) benchmarks/export_bench.py
+
+# The ExecuTorch anchor lives in its own venv so it can never touch the project's environment.
+BENCH_VENV := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+
+$(BENCH_STAMP): pyproject.toml
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install --quiet "torch==2.13.0"
+	$(BENCH_VENV)/bin/pip install --quiet "executorch==1.5.1" "torch==2.13.0"
+	$(BENCH_VENV)/bin/pip install --quiet --no-deps -e .
+	$(BENCH_VENV)/bin/pip install --quiet sympy pyyaml numpy
+	$(BENCH_VENV)/bin/python -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 'torch changed: ' + torch.__version__)"
+	touch $(BENCH_STAMP)
+
+bench-program: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python benchmarks/program_bench.py
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(BENCH_VENV)

@@ -316,7 +316,8 @@ def test_symbol_free_key_asserts_same_as_torch():
 
 def test_unkeyed_deferred_asserts_are_refused():
     class ListShapeEnv:
-        deferred_runtime_asserts: list = []
+        def __init__(self) -> None:
+            self.deferred_runtime_asserts: list = []
 
     _, ogm = both("item_check_range")
     with pytest.raises(NotImplementedError, match="as a dict"):

@@ -79,3 +79,39 @@ def test_value_range_bounds():
     assert str(env.bound(2 * s + 1)) == "VR[5, 129]"
     assert env.evaluate_static(s >= 2) is True
     assert env.evaluate_static(s > 10) is None
+
+
+# -- memo tables: answers change exactly when what is known changes -------------------------
+
+
+def test_undecided_static_answer_is_recomputed_after_a_guard():
+    env, n = _env(8)
+    s0 = n.node.expr
+    assert env.evaluate_static(s0 > 5) is None  # memoized as undecided
+    assert bool(n > 6)  # guard: s0 in [7, oo]
+    assert env.evaluate_static(s0 > 5) is True
+    assert env.evaluate_static(s0 < 3) is False
+
+
+def test_replace_memo_follows_new_replacements():
+    env, n = _env(4)
+    s1 = env.create_backed_symbol(5, "y.size()[0]")
+    assert env.replace(s1 + 1) == s1 + 1
+    assert bool(env.symint(s1) == n + 1)
+    assert str(env.replace(s1 + 1)) == "s0 + 2"
+
+
+def test_arithmetic_memo_keeps_int_and_float_apart():
+    env, n = _env(4)
+    assert str(n * 2) == "2*s0"
+    f = n.node.mul(n.node.wrap_float(2.0))
+    assert f.pytype is float and str(f.expr) == "2.0*s0"
+    assert str((n * 2).node.expr) == "2*s0"
+
+
+def test_repeated_comparisons_record_one_guard():
+    env, n = _env(4)
+    m = env.symint(env.create_backed_symbol(6, "y.size()[0]"))
+    for _ in range(50):
+        assert bool(m > n)
+    assert len(env.guards) == 1

@@ -149,6 +149,7 @@ class _Facts:
         self.bound_frames: dict[sympy.Symbol, list[Any]] = {}
         self.subst_frames: dict[sympy.Symbol, Any] = {}
         self.others: list[tuple[Any, Any]] = []  # guards on several symbols: (expr, frame)
+        self.congruences: list[_Congruence] = []  # (x + a) % b == 0 on one symbol
 
     def resolve(self, expr: Any) -> Any:
         for _ in range(len(self.subst) + 1):
@@ -247,6 +248,34 @@ class _Facts:
             self.narrow(s, Range(-(10**18), high), frame)
 
 
+@dataclass(frozen=True, slots=True)
+class _Congruence:
+    """``(symbol + offset) % divisor == 0``: a guard a derived dim ``divisor*_x - offset`` meets."""
+
+    symbol: sympy.Symbol
+    offset: int
+    divisor: int
+    frame: Any
+
+
+def _congruence(expr: Any, facts: _Facts, frame: Any) -> _Congruence | None:
+    """``Eq(Mod(x + a, b), 0)`` with ``x`` a table symbol and integers ``a``, ``b`` (the
+    congruences torch's solver turns into derived dims), else None."""
+    if not isinstance(expr, sympy.Eq) or expr.rhs != 0:
+        return None
+    mod = expr.lhs
+    if getattr(mod.func, "__name__", "") not in ("PyMod", "Mod") or len(mod.args) != 2:
+        return None
+    base, divisor = facts.resolve(mod.args[0]), mod.args[1]
+    if not isinstance(divisor, sympy.Integer) or int(divisor) < 2:
+        return None
+    syms = [x for x in base.free_symbols if x in facts.order]
+    coeffs = _linear(base, syms) if len(syms) == 1 == len(base.free_symbols) else None
+    if coeffs is None or coeffs.get(syms[0]) != 1 or not coeffs.get(1, sympy.S.Zero).is_integer:
+        return None
+    return _Congruence(syms[0], int(coeffs.get(1, 0)), int(divisor), frame)
+
+
 def _rebuild(op: str, diff: sympy.Expr) -> Any:
     return {"<": sympy.Lt, "<=": sympy.Le, ">": sympy.Gt, ">=": sympy.Ge}[op](diff, 0)
 
@@ -296,7 +325,10 @@ def _collect(table: SymbolTable, guards: Iterable[Any], replacements: Mapping, *
             continue
         op, diff = parts
         frame = getattr(guard, "frame", None)
-        if op == "==":
+        congruence = _congruence(guard.expr, facts, frame) if op == "==" else None
+        if congruence is not None:
+            facts.congruences.append(congruence)
+        elif op == "==":
             if not facts.add_equality(diff, frame) and facts.resolve(diff).free_symbols:
                 pending.append((guard.expr, frame))
         elif op != "!=":
@@ -343,6 +375,35 @@ class _Checker:
                 self._check_specialized(info, int(value))
             else:
                 self._check_relation(info, value)
+        for congruence in self.facts.congruences:
+            self._check_congruence(congruence)
+
+    def _check_congruence(self, c: _Congruence) -> None:
+        """A named dim must be derived to meet ``(dx + a) % b == 0``: ``dx = b*_dx - a``."""
+        info = self.table.info(c.symbol)
+        if info is None or info.spec.kind != "named" or c.symbol in self.facts.subst:
+            return
+        name, src = info.debug_name, info.sources[0]
+        # torch's text: (L['x'].size()[0] % 2) == 0, (((-1) + L['x'].size()[0]) % 2) == 0
+        base = src if not c.offset else f"({c.offset if c.offset > 0 else f'({c.offset})'} + {src})"
+        user = info.user_range()
+        spec_text = _spec_text(name, user)
+        self.violations.append(_Violation(
+            name,
+            f"Not all values of {name} = {src} in the specified range{spec_text} satisfy the "
+            f"generated guard ({base} % {c.divisor}) == 0.",
+            [c.frame] if c.frame is not None else [],
+        ))
+        implied = self.facts.ranges.get(c.symbol, user) & Range(max(user.lower, _DEFAULT_LOW), user.upper)
+        low = max(1, -(-(implied.lower + c.offset) // c.divisor))
+        high = _INF if implied.upper == _INF else (implied.upper + c.offset) // c.divisor
+        from exportir.export.dynamic_shapes import Dim
+
+        root = f"_{name}"
+        root_dim = Dim._readable(root, low, "int_oo" if high == _INF else high)
+        self.dims[root] = f"{root} = " + root_dim.replace(", max=int_oo", "")
+        derived = c.divisor * sympy.Symbol(root, integer=True) - c.offset
+        self.others[name] = f"{name} = {derived}"
 
     def _name_of(self, symbol: sympy.Symbol) -> str:
         info = self.table.info(symbol)
@@ -358,14 +419,7 @@ class _Checker:
             return
         both = implied & effective
         name, src = info.debug_name, info.sources[0]
-        low = None if user.lower <= _DEFAULT_LOW else user.lower
-        high = None if user.upper == _INF else user.upper
-        spec_text = {
-            (False, False): "",
-            (True, False): f" {low} <= {name}",
-            (False, True): f" {name} <= {high}",
-            (True, True): f" {low} <= {name} <= {high}",
-        }[(low is not None, high is not None)]
+        spec_text = _spec_text(name, user)
         self.violations.append(_Violation(
             name,
             f"Not all values of {name} = {src} in the specified range{spec_text} satisfy the "
@@ -441,6 +495,18 @@ class _Checker:
             lines.append("Suggested fixes:")
             lines.extend(f"  {fix}" for fix in fixes)
         return "\n".join(lines)
+
+
+def _spec_text(name: str, user: Range) -> str:
+    """`` 3 <= dx <= 64`` / `` dx <= 64`` / ``""``: the user's bounds as torch quotes them."""
+    low = None if user.lower <= _DEFAULT_LOW else user.lower
+    high = None if user.upper == _INF else user.upper
+    return {
+        (False, False): "",
+        (True, False): f" {low} <= {name}",
+        (False, True): f" {name} <= {high}",
+        (True, True): f" {low} <= {name} <= {high}",
+    }[(low is not None, high is not None)]
 
 
 def _root_is_named(info: SymbolInfo | None) -> bool:

@@ -158,10 +158,6 @@ class Recorder:
 
     def on_sym_op(self, target: Any, operands: tuple, out: Any) -> None:
         """ShapeEnv listener: user code computed ``out = target(*operands)`` symbolically."""
-        same = next((o for o in operands if o.pytype is out.pytype and o.expr == out.expr), None)
-        if same is not None:  # ``1 * s0`` (a decomposition's arithmetic) reads s0's node
-            self._track_sym(out, _SymAlias(self, same))
-            return
         self._track_sym(out, _SymOp(self, target, operands, out))
 
     def sym_arg(self, x: Any) -> Any:
@@ -284,24 +280,16 @@ class _SymOp:
 
     def make(self) -> Node:
         rec = self.rec
+        expr = self.out.expr
+        for o in self.operands:  # ``1 * s0`` (a decomposition's arithmetic) reads s0's node
+            if o.pytype is self.out.pytype and o.expr == expr:
+                return rec.sym_arg(_wrap_sym(o))
         args = tuple(rec.sym_arg(_wrap_sym(o)) for o in self.operands)
         node = rec.graph.create_node(
             "call_function", self.target, args, {}, name=getattr(self.target, "__name__", "sym")
         )
         rec._fill_meta(node, self.target, _wrap_sym(self.out))
         return node
-
-
-class _SymAlias:
-    """A symbolic result equal to one of its operands: the operand's node stands for it."""
-
-    __slots__ = ("operand", "rec")
-
-    def __init__(self, rec: Recorder, operand: Any) -> None:
-        self.rec, self.operand = rec, operand
-
-    def make(self) -> Node:
-        return self.rec.sym_arg(_wrap_sym(self.operand))
 
 
 def _wrap_sym(sym_node: Any) -> Any:

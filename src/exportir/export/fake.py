@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves as pytree_leaves
 from torch.utils._pytree import tree_map
 
+from exportir.export._meta_memo import memo_key, memoizable, rebuild, template_of
 from exportir.export._unbacked import UNBACKED_RULES, custom_fake_impl, fake_impl_context
 from exportir.symbolic import GuardOnDataDependentSymNode, ShapeEnv
 
@@ -239,14 +240,15 @@ def run_fake(func: Any, args: tuple, kwargs: dict, converter: FakeConverter) -> 
         env = _shape_env_of(unwrapped)
     out_device = _result_device(func, kwargs, unwrapped.device)
     if env is None:
-        meta_out = _call_meta(func, unwrapped)
-    else:
-        env.listener_paused += 1  # sizes computed inside kernels are not user arithmetic
-        try:
-            meta_out = _call_meta_symbolic(func, unwrapped, env)
-        finally:
-            env.listener_paused -= 1
-    return _wrap(meta_out, unwrapped.fakes, out_device)
+        return _wrap(_call_meta(func, unwrapped), unwrapped.fakes, out_device)
+    # sizes computed inside kernels (and by the wrapper's numel / contiguity) are not user
+    # arithmetic: the recorder does not hear of them
+    env.listener_paused += 1
+    try:
+        meta_out = _call_meta_symbolic(func, unwrapped, env)
+        return _wrap(meta_out, unwrapped.fakes, out_device)
+    finally:
+        env.listener_paused -= 1
 
 
 def _shape_env_of(u: _Unwrapped) -> ShapeEnv | None:
@@ -266,11 +268,22 @@ def shape_env_of(values: Any) -> ShapeEnv | None:
 
 
 def _call_meta_symbolic(func: Any, u: _Unwrapped, env: ShapeEnv) -> Any:
+    key = memo_key(func, u.args, u.kwargs) if memoizable(func) else None
+    if key is not None:
+        template = env.op_memo.get(key)
+        if template is not None:
+            with _no_modes():
+                return rebuild(template)
     # Python meta kernels and decompositions (torch._meta_registrations, torch._refs) handle
     # symbolic sizes where some C++ CompositeExplicitAutograd kernels want concrete ints; the
     # Python dispatcher routes to them, as it does during capture.
     with torch._C._EnablePythonDispatcher():
-        return _call_meta_symbolic_kernel(func, u, env)
+        out = _call_meta_symbolic_kernel(func, u, env)
+    if key is not None:
+        template = template_of(out, env)
+        if template is not None and not any(id(o) in u.fakes for o in _leaves(out)):
+            env.op_memo[key] = template
+    return out
 
 
 def _call_meta_symbolic_kernel(func: Any, u: _Unwrapped, env: ShapeEnv) -> Any:
@@ -287,6 +300,10 @@ def _call_meta_symbolic_kernel(func: Any, u: _Unwrapped, env: ShapeEnv) -> Any:
             if not _is_missing_kernel(err):
                 raise
     return _call_meta(func, u)
+
+
+def _leaves(out: Any) -> list[Any]:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
 def _unwrap(args: tuple, kwargs: dict, converter: FakeConverter) -> _Unwrapped:

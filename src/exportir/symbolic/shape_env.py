@@ -124,6 +124,35 @@ class ShapeEnv:
         self._duck: dict[int, sympy.Symbol] = {}
         self._backed = 0
         self._unbacked = 0
+        # Memo tables (see "caches" below). Knowledge only grows: a decided value stays
+        # decided, an undecided one is re-examined once ranges, replacements or facts change.
+        self._version = 0
+        self._replace_memo: dict[sympy.Basic, sympy.Basic] = {}
+        self._static_memo: dict[tuple[sympy.Basic, bool], tuple[Any, int]] = {}
+        self.build_memo: dict[tuple, sympy.Basic] = {}  # SymNode arithmetic: (op, a, b) -> expr
+        self.op_memo: dict[tuple, Any] = {}  # clients' memo of op results on these symbols
+
+    # -- caches -----------------------------------------------------------------------------
+    # Every change to what is known goes through these setters, so memoized answers are
+    # invalidated exactly when they could change.
+
+    def _changed(self) -> None:
+        self._version += 1
+
+    def _set_range(self, sym: sympy.Symbol, r: ValueRanges) -> None:
+        if self.var_to_range.get(sym) != r:
+            self.var_to_range[sym] = r
+            self._changed()
+
+    def _set_replacement(self, sym: sympy.Symbol, expr: sympy.Basic) -> None:
+        self.replacements[sym] = expr
+        self._replace_memo.clear()
+        self._changed()
+
+    def _set_fact(self, expr: sympy.Basic, value: bool) -> None:
+        if self.facts.get(expr) is not value:
+            self.facts[expr] = value
+            self._changed()
 
     # -- symbols ----------------------------------------------------------------------------
 
@@ -147,7 +176,7 @@ class ShapeEnv:
         self.var_to_hint[sym] = int(hint)
         self.var_to_sources[sym] = [source]
         default = ValueRanges.of(2, oo) if hint >= 2 else ValueRanges.of(0, oo)
-        self.var_to_range[sym] = default if vr is None else (vr & ValueRanges.of(0, oo))
+        self._set_range(sym, default if vr is None else (vr & ValueRanges.of(0, oo)))
         if dynamic is DimDynamic.DUCK:
             self._duck[hint] = sym
         return sym
@@ -164,7 +193,7 @@ class ShapeEnv:
     def create_unbacked_symint(self) -> torch.SymInt:
         sym = sympy.Symbol(f"u{self._unbacked}", integer=True)
         self._unbacked += 1
-        self.var_to_range[sym] = ValueRanges.unknown()
+        self._set_range(sym, ValueRanges.unknown())
         return torch.SymInt(SymNode(sym, self, int, None))
 
     def create_unbacked_symfloat(self) -> torch.SymFloat:
@@ -174,7 +203,7 @@ class ShapeEnv:
 
     def create_unbacked_symbool(self) -> torch.SymBool:
         u = self.create_unbacked_symint()
-        self.var_to_range[u.node.expr] = ValueRanges.of(0, 1)
+        self._set_range(u.node.expr, ValueRanges.of(0, 1))
         return torch.SymBool(SymNode(sympy.Eq(u.node.expr, 1), self, bool, None))
 
     def is_unbacked_symint(self, sym: sympy.Symbol) -> bool:
@@ -189,27 +218,33 @@ class ShapeEnv:
         new = old & ValueRanges.of(lower, upper)
         if bool(new.lower > new.upper):
             raise ValueError(f"{sym}: range {old} and [{lower}, {upper}] do not intersect")
-        self.var_to_range[sym] = new
+        self._set_range(sym, new)
         if new.is_singleton() and new.lower.is_Integer:
-            self.replacements[sym] = new.lower
+            self._set_replacement(sym, new.lower)
 
     def constrain_size_like(self, expr: sympy.Basic, max: object = oo) -> None:
         """A size-like unbacked symbol: ``>= 0`` (and treated as ``>= 2`` size-obliviously)."""
         if isinstance(expr, sympy.Symbol) and self.is_unbacked_symint(expr):
             self.size_like.add(expr)
+            self._changed()
             self.constrain_range(expr, 0, max)
 
     # -- expressions ------------------------------------------------------------------------
 
     def replace(self, expr: sympy.Basic) -> sympy.Basic:
-        if not self.replacements or expr.is_number:
+        if not self.replacements:
             return expr
+        hit = self._replace_memo.get(expr)
+        if hit is not None:
+            return hit
+        out = expr
         for _ in range(8):  # replacements may chain (s2 -> s1 + 1, s1 -> s0)
-            new = expr.xreplace(self.replacements)
-            if new == expr:
-                return new
-            expr = new
-        return expr
+            new = out.xreplace(self.replacements)
+            if new == out:
+                break
+            out = new
+        self._replace_memo[expr] = out
+        return out
 
     def simplify(self, expr: sympy.Basic) -> sympy.Basic:
         expr = self.replace(sympy.sympify(expr))
@@ -227,6 +262,14 @@ class ShapeEnv:
     bound_sympy = bound
 
     def hint_of(self, expr: sympy.Basic, pytype: type = int) -> Any:
+        key = ("hint", expr, pytype)  # hints never change: the memo is never invalidated
+        memo = self.build_memo
+        if key in memo:
+            return memo[key]
+        value = memo[key] = self._hint_of(expr, pytype)
+        return value
+
+    def _hint_of(self, expr: sympy.Basic, pytype: type) -> Any:
         expr = self.replace(expr)
         if expr.free_symbols - self.var_to_hint.keys():
             return None
@@ -240,6 +283,15 @@ class ShapeEnv:
 
     def evaluate_static(self, expr: sympy.Basic, *, size_oblivious: bool = False) -> Any:
         """The value of ``expr`` if ranges and known facts settle it, else None (no guard)."""
+        key = (expr, size_oblivious)
+        hit = self._static_memo.get(key)
+        if hit is not None and (hit[0] is not None or hit[1] == self._version):
+            return hit[0]
+        value = self._evaluate_static(expr, size_oblivious)
+        self._static_memo[key] = (value, self._version)
+        return value
+
+    def _evaluate_static(self, expr: sympy.Basic, size_oblivious: bool) -> Any:
         expr = self.replace(expr)
         if expr.is_number or expr in (sympy.true, sympy.false):
             value = to_python(expr)
@@ -287,7 +339,7 @@ class ShapeEnv:
         frame = frame or user_frame()
         if _is_bool(expr):
             fact = expr if hint else sympy.Not(expr)
-            self.facts[expr] = bool(hint)
+            self._set_fact(expr, bool(hint))
         else:
             fact = sympy.Eq(expr, hint)
         self._learn(fact)
@@ -303,7 +355,7 @@ class ShapeEnv:
         if node.hint is not None or not self.unbacked_symbols(expr):
             return bool(self.evaluate_expr(expr, hint=node.hint))
         self.deferred_runtime_asserts.append(RuntimeAssert(expr, user_frame()))
-        self.facts[expr] = True
+        self._set_fact(expr, True)
         self._learn(expr)
         return True
 
@@ -312,7 +364,7 @@ class ShapeEnv:
         if self.evaluate_static(expr) is True:
             return
         self.deferred_runtime_asserts.append(RuntimeAssert(expr, frame or user_frame()))
-        self.facts[expr] = True
+        self._set_fact(expr, True)
         self._learn(expr)
 
     def _learn(self, fact: sympy.Basic) -> None:
@@ -325,7 +377,7 @@ class ShapeEnv:
             fact = fact.args[0].negated
         if not isinstance(fact, sympy.Rel):
             return
-        self.facts[fact] = True
+        self._set_fact(fact, True)
         diff = sympy.expand(fact.lhs - fact.rhs)
         syms = list(diff.free_symbols)
         if len(syms) == 1:
@@ -372,9 +424,9 @@ class ShapeEnv:
         if r is None:
             return
         if r.lower == value:
-            self.var_to_range[sym] = ValueRanges(r.lower + 1, r.upper)
+            self._set_range(sym, ValueRanges(r.lower + 1, r.upper))
         elif r.upper == value:
-            self.var_to_range[sym] = ValueRanges(r.lower, r.upper - 1)
+            self._set_range(sym, ValueRanges(r.lower, r.upper - 1))
 
     def _learn_equality(self, diff: sympy.Basic) -> None:
         """``s1 - s0 - 1 == 0`` -> replace the newest backed symbol with unit coefficient."""
@@ -387,7 +439,7 @@ class ShapeEnv:
             coeff = diff.coeff(sym)
             if coeff in (1, -1) and sym not in (diff - coeff * sym).free_symbols:
                 solution = sympy.expand(-(diff - coeff * sym) / coeff)
-                self.replacements[sym] = solution
+                self._set_replacement(sym, solution)
                 return
 
     # -- errors -----------------------------------------------------------------------------
@@ -420,17 +472,23 @@ class ShapeEnv:
     # -- layout predicates ------------------------------------------------------------------
 
     def layout_predicate(self, sizes: list[SymNode], strides: list[SymNode], order: list[int]) -> SymNode:
-        sz = [s.expr for s in sizes]
-        st = [s.expr for s in strides]
+        sz = tuple(s.expr for s in sizes)
+        st = tuple(s.expr for s in strides)
         if len(order) != len(sz):
             return SymNode(sympy.false, self, bool, False)
+        key = ("layout", sz, st, tuple(order))  # every new tensor asks; most ask alike
+        expr = self.build_memo.get(key)
+        if expr is None:
+            expr = self.build_memo[key] = self._layout_expr(sz, st, order)
+        return SymNode(expr, self, bool)
+
+    def _layout_expr(self, sz: tuple, st: tuple, order: list[int]) -> sympy.Basic:
         ok: sympy.Basic = sympy.true
         expected: sympy.Basic = sympy.S.One
         for d in order:
             ok = sympy.And(ok, sympy.Or(sympy.Eq(sz[d], 1), sympy.Eq(st[d], expected)))
             expected = expected * sz[d]
-        ok = sympy.Or(ok, *(sympy.Eq(s, 0) for s in sz))
-        return SymNode(ok, self, bool)
+        return sympy.Or(ok, *(sympy.Eq(s, 0) for s in sz))
 
     def non_overlapping_and_dense(self, sizes: list[SymNode], strides: list[SymNode]) -> SymNode:
         hints = [s.hint if s.hint is not None else i for i, s in enumerate(strides)]

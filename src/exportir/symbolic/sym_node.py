@@ -179,7 +179,12 @@ class SymNode:
     def _binary(self, method: str, other: SymNode) -> SymNode:
         build, rtype, py_op = _BINARY[method]
         pytype = rtype or _promote(self.pytype, other.pytype)
-        expr = build(self.expr, other.expr)
+        a, b = self.expr, other.expr
+        memo = self.shape_env.build_memo  # meta kernels repeat the same arithmetic per layer
+        key = (method, a, b)
+        expr = memo.get(key)
+        if expr is None:
+            expr = memo[key] = build(a, b)
         hint = None
         if self._hint is not None and other._hint is not None:
             hint = py_op(self._hint, other._hint)

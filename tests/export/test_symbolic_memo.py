@@ -1,0 +1,52 @@
+"""Meta results on symbolic sizes are memoized per ShapeEnv (export/_meta_memo.py): repeated
+layers replay the first layer's output metadata. The program must not change: same graph as
+with the memo off, same numerics as eager at several sizes."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import exportir.export as ours
+from exportir.export import _meta_memo, fake
+from exportir.export.dynamic_shapes import Dim
+
+
+def _encoder(layers: int = 3) -> nn.Module:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    return nn.TransformerEncoder(layer, layers, enable_nested_tensor=False).eval()
+
+
+def _export(mod):
+    spec = ({0: Dim("batch", max=32), 1: Dim("seq", max=64)},)
+    return ours.export(mod, (torch.randn(3, 5, 8),), dynamic_shapes=spec)
+
+
+def test_memo_does_not_change_the_program(monkeypatch):
+    mod = _encoder()
+    with_memo = _export(mod)
+    monkeypatch.setattr(fake, "memoizable", lambda func: False)
+    without = _export(mod)
+    assert with_memo.graph_module.code == without.graph_module.code
+    vals = lambda ep: [str(n.meta.get("val")) for n in ep.graph.nodes]  # noqa: E731
+    assert vals(with_memo) == vals(without)
+    assert str(with_memo.range_constraints) == str(without.range_constraints)
+
+
+def test_memoized_export_runs_at_other_sizes():
+    mod = _encoder()
+    ep = _export(mod)
+    for b, s in ((1, 2), (4, 9), (7, 33)):
+        x = torch.randn(b, s, 8)
+        torch.testing.assert_close(ep.module()(x), mod(x), rtol=1e-4, atol=1e-5)
+
+
+def test_ops_that_write_or_create_unbacked_symbols_are_not_memoized():
+    aten = torch.ops.aten
+    assert _meta_memo.memoizable(aten.addmm.default)
+    assert _meta_memo.memoizable(aten.view.default)
+    assert not _meta_memo.memoizable(aten.add_.Tensor)
+    assert not _meta_memo.memoizable(aten.copy_.default)
+    assert not _meta_memo.memoizable(aten._local_scalar_dense.default)  # returns a Scalar
+    assert not _meta_memo.memoizable(aten.sym_size.int)

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from exportir.export._module_call import ModuleCallRecorder
 from exportir.export.capture import capture
 
 __all__ = ["export"]
@@ -39,18 +40,21 @@ def export(
             "prefer_deferred_runtime_asserts_over_guards=True is not supported yet: exportir "
             "checks guards on input dims against dynamic_shapes; export without the flag."
         )
-    if preserve_module_call_signature:
-        raise NotImplementedError(
-            "preserve_module_call_signature is not supported yet; export without it."
-        )
     mod, args, kwargs = _normalize(mod, args, kwargs)
-    if dynamic_shapes is not None:
-        return _export_dynamic(mod, args, kwargs, dynamic_shapes)
-    result = capture(mod, args, kwargs)
-    return _program(result, args, kwargs, result.range_constraints)
+    # hooks on the listed submodules, removed on exit even when capture fails
+    with ModuleCallRecorder(mod, tuple(preserve_module_call_signature)) as calls:
+        if dynamic_shapes is not None:
+            result, ranges = _capture_dynamic(mod, args, kwargs, dynamic_shapes)
+        else:
+            result = capture(mod, args, kwargs)
+            ranges = result.range_constraints
+    call_graph = calls.apply(result.graph_module, result.signature, result.module_call_graph)
+    return _program(result, args, kwargs, ranges, call_graph)
 
 
-def _export_dynamic(mod: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shapes: Any) -> Any:
+def _capture_dynamic(
+    mod: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shapes: Any
+) -> tuple[Any, dict[Any, Any]]:
     """Capture with backed symbols for the marked dims; check the guards against the spec
     (docs/dev/dynamic-plan.md, "export -> capture with dynamic_shapes")."""
     from exportir.export import _constraints
@@ -62,7 +66,7 @@ def _export_dynamic(mod: torch.nn.Module, args: tuple, kwargs: dict, dynamic_sha
     sizes, table = plan.make_sizes(shape_env)
     result = capture(mod, args, kwargs, shape_env=shape_env, symbolic_sizes=sizes)
     solution = _constraints.solve(table, shape_env.guards, shape_env.replacements)
-    return _program(result, args, kwargs, _range_constraints(result, solution))
+    return result, _range_constraints(result, solution)
 
 
 def _range_constraints(result: Any, solution: Any) -> dict[Any, Any]:
@@ -114,7 +118,9 @@ class _FunctionModule(torch.nn.Module):
         return self.exported_function(*args, **kwargs)
 
 
-def _program(result: Any, args: tuple, kwargs: dict, range_constraints: Any = None) -> Any:
+def _program(
+    result: Any, args: tuple, kwargs: dict, range_constraints: Any, call_graph: list[Any]
+) -> Any:
     from exportir.export.exported_program import ExportedProgram
 
     # unbacked symbols (u0 from .item(), nonzero...) keep the ranges capture found for them
@@ -126,7 +132,7 @@ def _program(result: Any, args: tuple, kwargs: dict, range_constraints: Any = No
         graph_signature=result.signature,
         state_dict=result.state_dict,
         range_constraints=range_constraints or {},
-        module_call_graph=result.module_call_graph,
+        module_call_graph=call_graph,
         example_inputs=(args, kwargs),
         constants=result.constants,
     )

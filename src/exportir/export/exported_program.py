@@ -449,13 +449,23 @@ class ExportedProgram:
             for spec in self._graph_signature.output_specs
             if spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION)
         )
-        new_gm = retrace(
-            self._graph_module, flat_fake, decomposition_table=table, mutation_outputs=mutated
-        )
+        # values named by preserved submodule signatures ride along as extra outputs, so the
+        # re-traced graph tells which node now computes each (the output is restored after)
+        extra = _call_graph_nodes(self.graph, self._module_call_graph)
+        output = self.graph.output_node()
+        old_args = output.args
+        output.args = (tuple(old_args[0]) + tuple(extra),)
+        try:
+            new_gm = retrace(
+                self._graph_module, flat_fake, decomposition_table=table, mutation_outputs=mutated
+            )
+        finally:
+            output.args = old_args
+        call_renames = _drop_extra_outputs(new_gm, extra)
         signature, renames = _signature_after_rewrite(self._graph_signature, new_gm)
         remove_state_update_copies(new_gm, signature)
         call_graph = copy.deepcopy(self._module_call_graph)
-        _rename_call_graph(call_graph, renames)
+        _rename_call_graph(call_graph, {**renames, **call_renames})
         return ExportedProgram(
             root=new_gm,
             graph=new_gm.graph,
@@ -582,6 +592,35 @@ def _signature_after_rewrite(
         renames[getattr(spec.arg, "name", "")] = getattr(arg, "name", "")
         outs.append(OutputSpec(spec.kind, arg, spec.target))
     return ExportGraphSignature(inputs, outs), renames
+
+
+def _call_graph_nodes(graph: Graph, call_graph: list[ModuleCallEntry]) -> list[Node]:
+    """Non-placeholder nodes named by the inputs/outputs of submodule call signatures."""
+    names = {
+        getattr(arg, "name", "")
+        for entry in call_graph
+        if entry.fqn and entry.signature is not None
+        for arg in (*entry.signature.inputs, *entry.signature.outputs)
+    }
+    return [n for n in graph.nodes if n.name in names and n.op not in ("placeholder", "output")]
+
+
+def _drop_extra_outputs(gm: GraphModule, extra: list[Node]) -> dict[str, str]:
+    """Remove the trailing ``extra`` outputs from ``gm``; old name -> name of the new node."""
+    if not extra:
+        return {}
+    output = gm.graph.output_node()
+    flat = tuple(output.args[0])
+    keep = len(flat) - len(extra)
+    renames = {
+        old.name: new.name for old, new in zip(extra, flat[keep:]) if isinstance(new, Node)
+    }
+    output.args = (flat[:keep],)
+    if isinstance(output.meta.get("val"), tuple):
+        output.meta["val"] = output.meta["val"][:keep]
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return renames
 
 
 def _rename_call_graph(call_graph: list[ModuleCallEntry], renames: dict[str, str]) -> None:

@@ -87,3 +87,22 @@ def test_unsupported_export_flag_is_refused_clearly():
 
     with pytest.raises(NotImplementedError, match="prefer_deferred_runtime_asserts_over_guards"):
         exportir.export(torch.nn.ReLU(), (torch.ones(2),), prefer_deferred_runtime_asserts_over_guards=True)
+
+
+def test_export_is_callable_after_the_subpackage_is_imported():
+    # Importing exportir.export binds the package as exportir.export; it must still be the
+    # export function to call, whatever was imported first.
+    code = (
+        "import torch, exportir, exportir.export, inspect\n"
+        "ep = exportir.export(torch.nn.ReLU(), (torch.ones(2),))\n"
+        "assert type(ep).__name__ == 'ExportedProgram'\n"
+        "assert 'dynamic_shapes' in inspect.signature(exportir.export).parameters\n"
+        "assert exportir.export.ExportedProgram is type(ep)\n"
+        "print('ok')\n"
+    )
+    src = str(pathlib.Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

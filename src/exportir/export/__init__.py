@@ -5,6 +5,11 @@ Mirrors ``torch.export``: ``export``, ``save`` / ``load``, ``register_dataclass`
 ``ModuleCallSignature``, ``default_decompositions`` and the Export IR verifier.
 """
 
+import inspect
+import sys
+import types
+from typing import Any
+
 from exportir.export._export import export
 from exportir.export.dynamic_shapes import Dim, ShapesCollection, dims
 from exportir.export.exported_program import (
@@ -60,3 +65,20 @@ __all__ = [
     "register_dataclass",
     "save",
 ]
+
+
+class _CallablePackage(types.ModuleType):
+    """``exportir.export`` is both this package and the ``export`` function.
+
+    ``import exportir.export`` binds the package as the ``export`` attribute of ``exportir``
+    (Python does that for every submodule), which would shadow the function that
+    ``exportir.export(model, args)`` means to call. Calling the package calls the function, so
+    both spellings work: ``exportir.export(m, args)`` and ``exportir.export.export(m, args)``.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> ExportedProgram:
+        return export(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage
+__signature__ = inspect.signature(export)

@@ -29,7 +29,6 @@ from typing import Any, Self
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves as pytree_leaves
-from torch.utils._pytree import tree_map
 
 from exportir.export._meta_memo import memo_key, memoizable, rebuild, template_of
 from exportir.export._unbacked import UNBACKED_RULES, custom_fake_impl, fake_impl_context
@@ -302,6 +301,20 @@ def _call_meta_symbolic_kernel(func: Any, u: _Unwrapped, env: ShapeEnv) -> Any:
     return _call_meta(func, u)
 
 
+def _map(fn: Callable[[Any], Any], x: Any) -> Any:
+    """``fn`` over the leaves of op arguments / results: (nested) tuples, lists and dicts. (A
+    hand-rolled tree_map: ops' arguments hold no other containers, and this runs per op.)"""
+    kind = type(x)
+    if kind is tuple or kind is list:
+        return kind(_map(fn, a) for a in x)
+    if kind is dict:
+        return {k: _map(fn, v) for k, v in x.items()}
+    if isinstance(x, tuple):  # namedtuple / torch.return_types structseq
+        items = [_map(fn, a) for a in x]
+        return kind(*items) if hasattr(x, "_fields") else kind(items)
+    return fn(x)
+
+
 def _leaves(out: Any) -> list[Any]:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
@@ -321,8 +334,8 @@ def _unwrap(args: tuple, kwargs: dict, converter: FakeConverter) -> _Unwrapped:
             return _META
         return x
 
-    margs = tree_map(to_meta, args)
-    mkwargs = tree_map(to_meta, kwargs)
+    margs = _map(to_meta, args)
+    mkwargs = _map(to_meta, kwargs)
     device = next((d for d in devices if d.type != "cpu"), devices[0] if devices else None)
     return _Unwrapped(margs, mkwargs, fakes, device)
 
@@ -379,7 +392,7 @@ def _wrap(meta_out: Any, fakes: dict[int, FakeTensor], device: torch.device) -> 
             return same
         return FakeTensor(x, device)
 
-    return tree_map(wrap, meta_out)
+    return _map(wrap, meta_out)
 
 
 # --- the mode ----------------------------------------------------------------------------

@@ -76,13 +76,18 @@ CASES = {
 
 def _ops(ep) -> Counter:
     return Counter(
-        str(n.target) for n in ep.graph.nodes if n.op == "call_function" and hasattr(n.target, "_schema")
+        str(n.target)
+        for n in ep.graph.nodes
+        if n.op == "call_function" and hasattr(n.target, "_schema")
     )
 
 
 def _placeholder_sizes(ep) -> list[str]:
-    return [str(tuple(n.meta["val"].shape)) for n in ep.graph.nodes
-            if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)]
+    return [
+        str(tuple(n.meta["val"].shape))
+        for n in ep.graph.nodes
+        if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -109,7 +114,9 @@ def test_run_decompositions_keeps_symbols(name):
 
 
 def test_run_decompositions_then_range_check():
-    ep = ours.export(LinearGeluSlice(), (torch.randn(3, 4), torch.randn(6, 2)), dynamic_shapes=_derived(Dim))
+    ep = ours.export(
+        LinearGeluSlice(), (torch.randn(3, 4), torch.randn(6, 2)), dynamic_shapes=_derived(Dim)
+    )
     dec = ep.run_decompositions()
     with pytest.raises(RuntimeError, match="to be <= 64, but got 65"):
         dec.module()(torch.randn(65, 4), torch.randn(68, 2))

@@ -29,7 +29,7 @@ def test_memo_does_not_change_the_program(monkeypatch):
     monkeypatch.setattr(fake, "memoizable", lambda func: False)
     without = _export(mod)
     assert with_memo.graph_module.code == without.graph_module.code
-    vals = lambda ep: [str(n.meta.get("val")) for n in ep.graph.nodes]  # noqa: E731
+    vals = lambda ep: [str(n.meta.get("val")) for n in ep.graph.nodes]
     assert vals(with_memo) == vals(without)
     assert str(with_memo.range_constraints) == str(without.range_constraints)
 

@@ -102,7 +102,7 @@ def test_replace_memo_follows_new_replacements():
 
 
 def test_arithmetic_memo_keeps_int_and_float_apart():
-    env, n = _env(4)
+    _, n = _env(4)
     assert str(n * 2) == "2*s0"
     f = n.node.mul(n.node.wrap_float(2.0))
     assert f.pytype is float and str(f.expr) == "2.0*s0"

@@ -151,3 +151,15 @@ def test_size_check_in_meta_kernel_specializes():
     assert ep.range_constraints == {} and _dynamic_inputs(ep) == [False]
     with pytest.raises(Exception, match=r"specialized it to be a constant \(2\)"):
         ours.export(mod, (x,), dynamic_shapes={"x": {0: Dim("b")}})
+
+
+def test_meta_check_failing_at_the_example_names_line_and_symbols():
+    """At batch 3 ``reshape(4, 6)`` is invalid for the example itself (torch fails too); the error
+    keeps the kernel's text and adds the user's line and what ``s0`` stands for."""
+    mod, _, _ = em.build(next(e for e in em.ENTRIES if e.name == "view_ops"))
+    with pytest.raises(RuntimeError) as info:
+        ours.export(mod, (torch.randn(3, 6, 2),), dynamic_shapes={"x": {0: Dim.AUTO}})
+    text = str(info.value)
+    assert text.startswith("shape '[4, 6]' is invalid for input of size 12*s0")
+    assert "export_models.py" in text and "x.reshape(4, 6)" in text
+    assert "s0 = L['x'].size()[0] (3 in the example inputs)" in text

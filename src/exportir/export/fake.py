@@ -21,6 +21,7 @@ computed from them), which is how dynamic input dimensions enter a capture.
 
 from __future__ import annotations
 
+import re
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -276,13 +277,42 @@ def _call_meta_symbolic(func: Any, u: _Unwrapped, env: ShapeEnv) -> Any:
     # Python meta kernels and decompositions (torch._meta_registrations, torch._refs) handle
     # symbolic sizes where some C++ CompositeExplicitAutograd kernels want concrete ints; the
     # Python dispatcher routes to them, as it does during capture.
-    with torch._C._EnablePythonDispatcher():
-        out = _call_meta_symbolic_kernel(func, u, env)
+    try:
+        with torch._C._EnablePythonDispatcher():
+            out = _call_meta_symbolic_kernel(func, u, env)
+    except RuntimeError as err:
+        if type(err) is not RuntimeError or _is_missing_kernel(err):
+            raise
+        raise _symbolic_kernel_error(err, env) from err
     if key is not None:
         template = template_of(out, env)
         if template is not None and not any(id(o) in u.fakes for o in _leaves(out)):
             env.op_memo[key] = template
     return out
+
+
+class SymbolicKernelError(RuntimeError):
+    """A kernel's check failed on symbolic sizes (so it fails at the example inputs too)."""
+
+
+def _symbolic_kernel_error(err: RuntimeError, env: ShapeEnv) -> RuntimeError:
+    """The kernel's message, plus the user's line and what its symbols stand for."""
+    if isinstance(err, SymbolicKernelError):
+        return err
+    text = str(err)
+    mentioned = set(re.findall(r"\bs\d+\b", text))
+    where = ", ".join(
+        f"{s} = {env.var_to_sources.get(s, ['?'])[0]} ({env.var_to_hint[s]} in the example inputs)"
+        for s in sorted(env.var_to_hint, key=str)
+        if str(s) in mentioned
+    )
+    extra = f"\n  {user_frame()}"
+    if where:
+        extra += (
+            f"\nwhere {where}. The check fails at the example inputs' sizes: export traces the "
+            "program on them, so they must be valid inputs of the model."
+        )
+    return SymbolicKernelError(text + extra)
 
 
 def _call_meta_symbolic_kernel(func: Any, u: _Unwrapped, env: ShapeEnv) -> Any:

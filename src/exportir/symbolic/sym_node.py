@@ -97,7 +97,8 @@ class SymNode:
 
     @property
     def expr(self) -> sympy.Basic:
-        return self.shape_env.replace(self._expr)
+        env = self.shape_env
+        return env.replace(self._expr) if env.replacements else self._expr
 
     @property
     def hint(self) -> Any:
@@ -179,8 +180,9 @@ class SymNode:
     def _binary(self, method: str, other: SymNode) -> SymNode:
         build, rtype, py_op = _BINARY[method]
         pytype = rtype or _promote(self.pytype, other.pytype)
+        env = self.shape_env
         a, b = self.expr, other.expr
-        memo = self.shape_env.build_memo  # meta kernels repeat the same arithmetic per layer
+        memo = env.build_memo  # meta kernels repeat the same arithmetic per layer
         key = (method, a, b)
         expr = memo.get(key)
         if expr is None:
@@ -188,8 +190,9 @@ class SymNode:
         hint = None
         if self._hint is not None and other._hint is not None:
             hint = py_op(self._hint, other._hint)
-        out = SymNode(expr, self.shape_env, pytype, hint)
-        self.shape_env.report_op(py_op_for_graph(method), (self, other), out)
+        out = SymNode(expr, env, pytype, hint)
+        if env.op_listener is not None and not env.listener_paused:
+            env.report_op(py_op_for_graph(method), (self, other), out)
         return out
 
     def _unary(self, method: str) -> SymNode:

@@ -155,6 +155,48 @@ EMPTIED_OUTS: Mapping[str, tuple[str, ...]] = {
 }
 
 
+# Copy ops (the edge dialect's views, materialised) bound as ``out.copy_(view)``: the same result
+# as the out variant when ``out`` already has the view's shape and dtype, without the cost of
+# the generic operator call. Otherwise (a dynamic out being resized) the operator runs.
+_COPY_VIEWS: Mapping[str, Callable[..., torch.Tensor]] = {
+    "aten::view_copy.out": lambda t, size: t.view(size),
+    "aten::permute_copy.out": lambda t, dims: t.permute(dims),
+    "aten::expand_copy.out": lambda t, size, implicit=False: t.expand(size),
+    "aten::clone.out": lambda t, memory_format=None: t,
+}
+
+
+def _copy_view_binder(name: str, call: Callable[..., object], positional: int,
+                      keywords: tuple[str, ...]) -> Binder | None:
+    view = _COPY_VIEWS.get(name)
+    if view is None or keywords[-1:] != ("out",):
+        return None
+
+    def binder(args: Sequence[object]) -> Callable[[], object]:
+        *operands, out = args
+        generic = functools.partial(call, *args[:positional],
+                                    **dict(zip(keywords, args[positional:])))
+        source = operands[0]
+        if (
+            not isinstance(source, torch.Tensor)
+            or not isinstance(out, torch.Tensor)
+            or source.dtype != out.dtype
+            or (name == "aten::clone.out" and operands[1:] not in ([], [None]))
+        ):
+            return generic
+        rest = operands[1:]
+
+        def run() -> object:
+            v = view(source, *rest)
+            if v.shape != out.shape:
+                return generic()
+            return out.copy_(v)
+
+        return run
+
+    return binder
+
+
 def kernel_from_op(name: str, op: torch._ops.OpOverload) -> Kernel:
     """Wrap an ATen (or custom) ``OpOverload`` in the instruction calling convention."""
     arguments = op._schema.arguments
@@ -179,6 +221,8 @@ def kernel_from_op(name: str, op: torch._ops.OpOverload) -> Kernel:
         return functools.partial(
             call, *args[:positional], **dict(zip(keywords, args[positional:]))
         )
+
+    binder = _copy_view_binder(name, call, positional, keywords) or binder
 
     converters = tuple(
         (i, fn) for i, fn in ((i, _converter(a)) for i, a in enumerate(arguments)) if fn

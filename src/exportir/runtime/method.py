@@ -79,6 +79,7 @@ class Method:
         "_planned",
         "_program",
         "_steps",
+        "_straight",
         "_template",
         "meta",
         "name",
@@ -99,6 +100,10 @@ class Method:
         self._steps: list[Step] = [
             self._compile(pc, ins) for pc, ins in enumerate(meta.instructions)
         ]
+        # No jumps: every step returns the next index, so the steps run as a plain loop.
+        self._straight = not any(
+            isinstance(ins, schema.JumpFalseCall) for ins in meta.instructions
+        )
         self._input_checks = tuple(
             _TensorInput(memory.torch_dtype(v.dtype), tuple(v.sizes), v.dynamic,
                          memory.is_contiguous_order(v.dim_order))
@@ -347,6 +352,18 @@ class Method:
 
     def _run(self, values: list[Any]) -> None:
         steps = self._steps
+        if self._straight:
+            pc = 0
+            try:
+                for pc, step in enumerate(steps):  # pc names a failing step
+                    step(values)
+            except RuntimeFailure:
+                self._restore_layouts()
+                raise
+            except Exception as exc:
+                self._restore_layouts()
+                raise self._failure(pc, f"{type(exc).__name__}: {exc}") from exc
+            return
         pc, end = 0, len(steps)
         while pc < end:
             try:
@@ -558,6 +575,26 @@ def _kernel_step(
         return args
 
     bound = kernel.bind(static_args) if static_args is not None else None
+
+    if bound is not None and not dynamic_outs and result is None and len(static_outs) == 1:
+        # the common case (an out kernel, arguments fixed, one planned out): nothing to resolve
+        (out_tensor, out_size, out), = static_outs
+
+        def single(values: list[Any]) -> int:
+            try:
+                bound()
+            except RuntimeError as exc:  # planned tensors have fixed-size storage
+                if "not resizable" in str(exc):
+                    raise _overflow(outs) from exc
+                raise
+            if out_tensor.shape != out_size and out_tensor.numel() != 0:
+                raise ValueError(
+                    f"kernel resized value {out.value} to {tuple(out_tensor.shape)}; the plan "
+                    f"gives it {out.sizes}"
+                )
+            return nxt
+
+        return single
 
     def step(values: list[Any]) -> int:
         for o in dynamic_outs:

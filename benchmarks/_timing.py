@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,3 +180,16 @@ def compare(
             if side.active and not (side.runs and side.spent > budget):
                 _repeat_once(side, timeout, clock)
     return {side.name: side.result() for side in sides}
+
+
+def select_only(parser: Any, only: list[str], items: list[Any], kind: str) -> list[Any]:
+    """The ``items`` (objects with ``.name``) chosen by repeated/comma-separated ``--only`` values.
+
+    No ``--only`` selects everything; an unknown name is a parser error listing the valid ones.
+    """
+    names = [item.name for item in items]
+    wanted = [n for value in only for n in value.split(",") if n]
+    unknown = sorted(set(wanted) - set(names))
+    if unknown:
+        parser.error(f"unknown {kind}(s) {', '.join(unknown)}; choose from {', '.join(names)}")
+    return [item for item in items if not wanted or item.name in wanted]

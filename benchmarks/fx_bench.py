@@ -29,7 +29,7 @@ if _SRC.is_dir():
 
 import torch
 import torch.fx
-from _timing import CLOCKS, Measurement, Workload, WrongResult, compare
+from _timing import CLOCKS, Measurement, Workload, WrongResult, compare, select_only
 from torch import nn
 
 OURS, THEIRS = "exportir", "torch.fx"
@@ -466,11 +466,7 @@ def parse_args(argv: list[str] | None) -> tuple[list[Benchmark], Options, bool]:
     )
     p.add_argument("--strict", action="store_true", help="exit 1 on any MISS or ERROR")
     a = p.parse_args(argv)
-    wanted = [n for item in a.only for n in item.split(",") if n]
-    unknown = sorted(set(wanted) - set(names))
-    if unknown:
-        p.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(names)}")
-    selected = [b for b in BENCHMARKS if not wanted or b.name in wanted]
+    selected = select_only(p, a.only, BENCHMARKS, "benchmark")
     opts = Options(
         nodes=a.nodes or (1000 if a.quick else 10_000),
         rounds=a.rounds or (2 if a.quick else 5),

@@ -52,7 +52,7 @@ for _path in (_ROOT / "src", _ROOT / "tests", Path(__file__).resolve().parent):
 import torch
 import torch.nn.functional as F
 import torch.utils._pytree as torch_pytree
-from _timing import CLOCKS, Measurement, Workload, WrongResult, compare
+from _timing import CLOCKS, Measurement, Workload, WrongResult, compare, select_only
 from corpus import export_models as em
 from torch import nn
 
@@ -790,7 +790,6 @@ def report(rows: list[Row], opts: Options) -> None:
 
 
 def parse_args(argv: list[str] | None) -> tuple[list[em.Entry], Options, bool]:
-    names = [e.name for e in ENTRIES]
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--quick",
@@ -833,11 +832,7 @@ def parse_args(argv: list[str] | None) -> tuple[list[em.Entry], Options, bool]:
     )
     p.add_argument("--strict", action="store_true", help="exit 1 on any MISS or ERROR summary")
     a = p.parse_args(argv)
-    wanted = [n for item in a.only for n in item.split(",") if n]
-    unknown = sorted(set(wanted) - set(names))
-    if unknown:
-        p.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(names)}")
-    selected = [e for e in ENTRIES if not wanted or e.name in wanted]
+    selected = select_only(p, a.only, ENTRIES, "model")
     opts = Options(
         rounds=a.rounds or (1 if a.quick else 3),
         latency_rounds=a.latency_rounds or (2 if a.quick else 5),

@@ -49,7 +49,7 @@ from exportir.export._cf_trace import (
 )
 from exportir.export._node_meta import innermost_user_frame
 from exportir.export.capture import CaptureMode, Recorder
-from exportir.export.fake import FakeTensor, fake_from_meta, fake_like, meta_of
+from exportir.export.fake import FakeTensor, _no_modes, fake_from_meta, fake_like, meta_of
 
 higher_order = torch.ops.higher_order
 
@@ -263,13 +263,13 @@ def _check_map_inputs(xs: list, pos_args: list) -> None:
 
 def _first_slice(x: torch.Tensor) -> FakeTensor:
     """A fresh contiguous fake shaped like ``x[0]`` (what one step of map sees)."""
-    with _NoDispatch():
+    with _no_modes():  # meta tensors built here are not ops of the program
         meta = torch.empty(meta_of(_as_fake(x)).shape[1:], dtype=x.dtype, device="meta")
     return fake_from_meta(meta, x.device)
 
 
 def _stacked(v: torch.Tensor, n: int) -> FakeTensor:
-    with _NoDispatch():
+    with _no_modes():  # meta tensors built here are not ops of the program
         meta = torch.empty((n, *meta_of(_as_fake(v)).shape), dtype=v.dtype, device="meta")
     return fake_from_meta(meta, v.device)
 
@@ -278,17 +278,6 @@ def _as_fake(t: torch.Tensor) -> FakeTensor:
     return t if isinstance(t, FakeTensor) else fake_like(t)
 
 
-class _NoDispatch:
-    """Build meta tensors with no mode active (they are not ops of the program)."""
-
-    __slots__ = ("_guard",)
-
-    def __enter__(self) -> None:
-        self._guard = torch._C._DisableTorchDispatch()
-        self._guard.__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        self._guard.__exit__(*exc)
 
 
 # --- while_loop --------------------------------------------------------------------------------

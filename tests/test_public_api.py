@@ -26,6 +26,7 @@ EXPECTED_ALL = {
     "dims",
     "ShapesCollection",
     "to_edge",
+    "to_edge_transform_and_lower",
     "EdgeProgramManager",
     "ProgramManager",
     "EdgeCompileConfig",

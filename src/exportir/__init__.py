@@ -29,6 +29,7 @@ _LAZY: dict[str, str] = {
     "dims": "exportir.export.dynamic_shapes",
     "ShapesCollection": "exportir.export.dynamic_shapes",
     "to_edge": "exportir.program.manager",
+    "to_edge_transform_and_lower": "exportir.program.transform_and_lower",
     "EdgeProgramManager": "exportir.program.manager",
     "ProgramManager": "exportir.program.manager",
     "EdgeCompileConfig": "exportir.dialects.edge.config",

@@ -12,6 +12,8 @@ for each method:
 then builds the edge ``ExportedProgram`` whose construction runs the Edge verifier.
 ``EdgeProgramManager`` mirrors ExecuTorch's: ``exported_program(name)``, ``methods``,
 ``transform(passes)`` (re-verifies), ``to_backend(partitioner)``, ``to_program(config)``.
+Backends that need ops kept whole (``Partitioner.ops_to_not_decompose``) are lowered with
+``exportir.to_edge_transform_and_lower`` (``transform_and_lower.py``), built on the steps here.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ Pass = Callable[..., Any]
 
 
 def _as_methods(
-    programs: ExportedProgram | Mapping[str, ExportedProgram],
+    programs: ExportedProgram | Mapping[str, ExportedProgram], caller: str = "to_edge"
 ) -> dict[str, ExportedProgram]:
     if isinstance(programs, ExportedProgram):
         return {_DEFAULT_METHOD: programs}
@@ -47,16 +49,17 @@ def _as_methods(
         if not bad and all(isinstance(k, str) for k in programs):
             return dict(programs)
         raise TypeError(
-            f"to_edge takes an ExportedProgram or a dict of method name -> ExportedProgram; "
+            f"{caller} takes an ExportedProgram or a dict of method name -> ExportedProgram; "
             f"got non-programs {bad}"
         )
     raise TypeError(
-        "to_edge takes an ExportedProgram (from exportir.export) or a non-empty dict of method "
-        f"name -> ExportedProgram; got {type(programs).__name__}"
+        f"{caller} takes an ExportedProgram (from exportir.export) or a non-empty dict of "
+        f"method name -> ExportedProgram; got {type(programs).__name__}"
     )
 
 
-def _decomposition_table(config: EdgeCompileConfig) -> dict[Any, Callable[..., Any]]:
+def core_decomposition_table(config: EdgeCompileConfig) -> dict[Any, Callable[..., Any]]:
+    """The table ``to_edge`` decomposes with: the core ATen table minus ``preserve_ops``."""
     table = default_decompositions()
     for op in config.preserve_ops:
         table.pop(op, None)
@@ -86,7 +89,12 @@ def _build_edge_program(
 
 def lower_to_edge(ep: ExportedProgram, config: EdgeCompileConfig) -> ExportedProgram:
     """One method's ATen program -> its verified Edge program (steps 1-5 of ``to_edge``)."""
-    aten_ep = ep.run_decompositions(_decomposition_table(config))
+    return edge_from_core_aten(ep.run_decompositions(core_decomposition_table(config)), config)
+
+
+def edge_from_core_aten(aten_ep: ExportedProgram, config: EdgeCompileConfig) -> ExportedProgram:
+    """Steps 2-5 of ``to_edge`` on a program already decomposed to core ATen (plus the ops
+    ``config`` accepts); the result is verified with ``config``."""
     gm = aten_ep.graph_module
     for gm_pass in (RemoveGraphAssertsPass(), ReplaceViewOpsWithViewCopyPass()):
         gm_pass(gm)

@@ -45,5 +45,8 @@ class Partitioner(ABC):
         """Tag the nodes backends take (see the module docstring)."""
 
     def ops_to_not_decompose(self, ep: Any) -> tuple[list[Any], Callable[[Any], bool] | None]:
-        """ATen ops the backend wants kept whole by ``to_edge`` (and a node filter)."""
+        """ATen ``OpOverload``s the backend wants kept whole by ``to_edge_transform_and_lower``,
+        and an optional filter: ``filter(node) -> bool`` on a node of one of those ops in the
+        ATen program ``ep``; a node it rejects is decomposed as usual. Kept nodes that this and
+        later partitioners do not claim are decomposed after partitioning."""
         return [], None

@@ -79,6 +79,17 @@ class Runner:
                         self.env[i] = torch.empty(v.sizes, dtype=_dtype(v.dtype))
             elif isinstance(v, (schema.Int, schema.Double, schema.Bool, schema.String)):
                 self.env[i] = v.value
+        self.build_views(input_views=False)
+
+    def build_views(self, input_views: bool) -> None:
+        """Views alias their base: built once, or (views of inputs) after binding inputs."""
+        for i, v in enumerate(self.m.values):
+            if isinstance(v, schema.Tensor) and isinstance(v.storage, schema.ViewOf):
+                base = self.m.values[v.storage.base]
+                if isinstance(base.storage, schema.InputStorage) == input_views:
+                    b = self.env[v.storage.base]
+                    self.env[i] = b.as_strided(v.sizes, v.storage.strides,
+                                               b.storage_offset() + v.storage.offset)
 
     def get(self, i: int) -> Any:
         v = self.m.values[i]
@@ -141,7 +152,10 @@ class Runner:
 
     def __call__(self, *inputs: Any) -> list[Any]:
         for i, x in zip(self.m.inputs, inputs):
-            self.env[i] = x
+            v = self.m.values[i]
+            dense = isinstance(x, torch.Tensor) and v.dim_order == tuple(range(x.dim()))
+            self.env[i] = x.contiguous() if dense else x
+        self.build_views(input_views=True)
         pc = 0
         while pc < len(self.m.instructions):
             ins = self.m.instructions[pc]

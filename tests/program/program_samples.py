@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 from exportir.program import schema
@@ -35,6 +36,7 @@ from exportir.program.schema import (
     String,
     Tensor,
     TensorList,
+    ViewOf,
 )
 
 F32 = ScalarType.FLOAT
@@ -98,3 +100,22 @@ def sample_program() -> Program:
         constants=(ConstantBuffer(weight), ConstantBuffer(state)),
         delegates=(Delegate("fused_cpu", b"\x01\x02blob", (CompileSpec("mode", b"\x00fast"),)),),
     )
+
+
+def view_method(name: str = "forward") -> Method:
+    """:func:`sample_method` plus views of an input, a constant and a planned tensor (an
+    output, so its base stays live to the end)."""
+    m = sample_method(name)
+    views = (
+        Tensor(F32, (3, 2), (1, 0), ViewOf(0, 0, (1, 3))),        # 17 x.t()
+        Tensor(F32, (3,), (0,), ViewOf(1, 3, (1,))),               # 18 weight[1]
+        Tensor(F32, (4, 2, 3), (1, 2, 0), ViewOf(3, 0, (0, 3, 1))),  # 19 add.expand(4, 2, 3)
+    )
+    instructions = m.instructions[:2] + (KernelCall(0, (18, 17, 2, 16), 1),) + m.instructions[2:]
+    return dataclasses.replace(m, values=m.values + views, outputs=(4, 19),
+                               instructions=instructions, output_names=("relu", "expanded"))
+
+
+def view_program() -> Program:
+    p = sample_program()
+    return dataclasses.replace(p, methods=(view_method("forward"), view_method("other")))

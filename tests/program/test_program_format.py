@@ -10,7 +10,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from program_samples import sample_program
+from program_samples import sample_program, view_program
 
 from exportir.program import printer, schema, serialize, validate
 
@@ -25,6 +25,8 @@ def test_round_trip_every_value_and_instruction_kind():
     kinds = {type(v) for m in q.methods for v in m.values}
     assert kinds == set(schema.EVALUE_TYPES)
     assert {type(i) for i in q.methods[0].instructions} == set(schema.INSTRUCTION_TYPES)
+    v = view_program()
+    assert serialize.deserialize_program(serialize.serialize_program(v)) == v
 
 
 def test_same_program_same_bytes():
@@ -118,4 +120,16 @@ def test_printer_shows_methods_ops_plan_and_sizes():
 def test_format_1_0_file_still_loads():
     """A committed file written by format 1.0: later readers must keep loading it."""
     path = Path(__file__).resolve().parent / "data" / "program_v1_0.xpt"
-    assert serialize.load(path) == sample_program()
+    assert serialize.load(path) == dataclasses.replace(sample_program(), version=1)
+
+
+def test_format_2_0_file_with_views_still_loads():
+    """A committed file written by format 2.0 (views: ``ViewOf`` storage)."""
+    path = Path(__file__).resolve().parent / "data" / "program_v2_0.xpt"
+    assert serialize.load(path) == view_program()
+
+
+def test_printer_shows_views():
+    text = printer.format_program(view_program())
+    assert "%19: f32[4, 2, 3] dim_order=(1, 2, 0) view of %3 (offset 0, strides (0, 3, 1))" in text
+    assert "%18: f32[3] view of %1 (offset 3, strides (1,))" in text

@@ -9,12 +9,12 @@ import zlib
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from program_samples import sample_program
+from program_samples import view_program
 
 from exportir.program import serialize, validate
 from exportir.program.validate import ProgramLoadError
 
-GOOD = serialize.serialize_program(sample_program())
+GOOD = serialize.serialize_program(view_program())  # every value, storage and instruction kind
 _SETTINGS = settings(max_examples=300, deadline=None,
                      suppress_health_check=[HealthCheck.too_slow])
 

@@ -97,6 +97,42 @@ def test_plan_method_on_a_schedule():
     assert plan.names[1] == "a"
 
 
+def _planned_view(base: int) -> schema.Tensor:
+    return schema.Tensor(schema.ScalarType.FLOAT, (2, 4), (1, 0),
+                         schema.ViewOf(base, 0, (1, 2)))
+
+
+def test_a_view_keeps_its_base_live_and_nothing_is_planned_over_it():
+    # 0 input -> 1 planned -> 2 view of 1 (no instruction); 3 and 4 are produced while 2 is
+    # still to be read: they must not reuse 1's bytes
+    values = [_tensor(8), _tensor(8), _planned_view(1), _tensor(8), _tensor(8), _tensor(8),
+              TensorList((2, 3))]
+    instructions = [KernelCall(0, (0, 1)), KernelCall(0, (0, 3)), KernelCall(0, (3, 4)),
+                    KernelCall(0, (6, 5))]  # reads the view through a list
+    spans = planning.lifetimes(values, instructions)
+    assert spans[1] == Lifetime(0, 3)  # the base lives as long as its view
+    plan = planning.plan_method(values, instructions, {1: 32, 3: 32, 4: 32, 5: 32})
+    assert plan.views == {2: 1} and plan.lifetimes[2] == Lifetime(3, 3)
+    base = plan.allocations[1]
+    for other in (3, 4, 5):
+        a = plan.allocations[other]
+        assert a.offset >= base.offset + 32 or a.offset + 32 <= base.offset
+
+
+def test_verifier_rejects_a_view_outliving_its_base():
+    plan = MemoryPlan(arenas=(64,), allocations={0: Allocation(0, 0, 32), 1: Allocation(0, 0, 32)},
+                      lower_bound=0, alignment=16, names={0: "mm", 2: "view"},
+                      lifetimes={0: Lifetime(0, 1), 1: Lifetime(2, 3), 2: Lifetime(1, 3)},
+                      views={2: 0})
+    with pytest.raises(PlanError, match=r"value 2 \(view\) is a view of value 0 \(mm\) and "
+                                        r"live at instructions 1-3, but its base is live at 0-1"):
+        planning.verify_plan(plan)
+    ok = MemoryPlan(arenas=(64,), allocations={0: Allocation(0, 0, 32)}, lower_bound=0,
+                    alignment=16, lifetimes={0: Lifetime(0, 3), 2: Lifetime(1, 3)},
+                    views={2: 0, 3: 7})  # a view of an unplanned (input) value: no rule
+    planning.verify_plan(ok)
+
+
 # ------------------------------------------------------------------------------ verifier
 
 

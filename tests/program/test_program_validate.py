@@ -28,6 +28,7 @@ from exportir.program.schema import (
     ScalarType,
     Tensor,
     TensorList,
+    ViewOf,
 )
 from exportir.program.validate import LoadLimits, ProgramLoadError
 
@@ -44,6 +45,20 @@ def _value(i: int, v: schema.EValue) -> dict:
     values = list(sample_program().methods[0].values)
     values[i] = v
     return {"values": tuple(values)}
+
+
+def _values(changes: dict[int, schema.EValue]) -> dict:
+    values = list(sample_program().methods[0].values)
+    for i, v in changes.items():
+        values[i] = v
+    return {"values": tuple(values)}
+
+
+def _view(base: int, offset: int, strides: tuple, sizes=(3,), dtype=F32) -> Tensor:
+    return Tensor(dtype, sizes, tuple(range(len(sizes))), ViewOf(base, offset, strides))
+
+
+V = "methods[0].values[15].storage"
 
 
 def _instruction(i: int, ins: schema.Instruction) -> dict:
@@ -121,6 +136,30 @@ CASES = {
                     "methods[0].plan.arenas[0]", "arena size"),
     "empty backend": (_with({}, {"delegates": (schema.Delegate("", b""),)}),
                       "delegates[0].backend_id", "empty backend"),
+    "view base index": (_with(_value(15, _view(99, 0, (1,)))), f"{V}.base",
+                        "value index 99 out of range"),
+    "view base kind": (_with(_value(15, _view(2, 0, (1,)))), f"{V}.base",
+                       "must be a Tensor; value 2 is Int"),
+    "view of a view": (_with(_values({15: _view(16, 0, (1,)), 16: _view(1, 0, (1,))})),
+                       f"{V}.base", "value 16 has ViewOf storage"),
+    "view of runtime storage": (_with(_value(16, _view(15, 0, (1,)))),
+                                "methods[0].values[16].storage.base",
+                                "value 15 has DynamicStorage storage"),
+    "view of state": (_with(_value(15, _view(14, 0, (1,)))), f"{V}.base", "not method state"),
+    "view dtype": (_with(_value(15, _view(1, 0, (1,), dtype=ScalarType.LONG))), V,
+                   "view dtype LONG differs from its base's FLOAT"),
+    "view reach": (_with(_value(15, _view(1, 4, (1,)))), V,
+                   "reaches element 6 (offset 4, strides (1,)) of value 1, which has 6"),
+    "view reach by stride": (_with(_value(15, _view(3, 0, (3,)))), V, "reaches element 6"),
+    "view offset past base": (_with(_value(15, _view(1, 7, (1,), sizes=(0,)))), V,
+                              "starts at element 7"),
+    "view strides": (_with(_value(15, _view(1, 0, (1, 1)))), f"{V}.strides",
+                     "2 strides for 1 sizes"),
+    "view negative stride": (_with(_value(15, _view(1, 0, (-1,)))), f"{V}.strides[0]",
+                             "-1 is not a non-negative int"),
+    "view of non-contiguous input": (
+        _with(_values({0: Tensor(F32, (2, 3), (1, 0), schema.InputStorage()),
+                       15: _view(0, 0, (1,))})), f"{V}.base", "needs the input contiguous"),
 }
 
 
@@ -267,8 +306,8 @@ def test_data_checksum_can_be_skipped():
 
 def test_version_and_lengths_in_header():
     data = serialize.serialize_program(sample_program())
-    bumped = _reheader(data, major=2)
-    with pytest.raises(ProgramLoadError, match="format version 2.0 is not supported"):
+    bumped = _reheader(data, major=3)
+    with pytest.raises(ProgramLoadError, match="format version 3.0 is not supported"):
         serialize.deserialize_program(bumped)
     with pytest.raises(ProgramLoadError, match="exceeds the limit"):
         serialize.deserialize_program(_rewrite(data, lambda t: t, raw_length=1 << 40))

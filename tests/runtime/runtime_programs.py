@@ -70,6 +70,12 @@ class MethodBuilder:
         order = tuple(dim_order) if dim_order is not None else tuple(range(len(sizes)))
         return self.add(Tensor(dtype, tuple(sizes), order, alloc, dynamic, initial))
 
+    def view(self, base, sizes, strides, offset=0) -> int:
+        v = self.values[base]
+        order = tuple(sorted(range(len(sizes)), key=lambda d: (-strides[d], d)))
+        return self.add(Tensor(v.dtype, tuple(sizes), order,
+                               schema.ViewOf(base, offset, tuple(strides))))
+
     def constant_bytes(self, data: bytes) -> int:
         self.constants.append(ConstantBuffer(data))
         return len(self.constants) - 1
@@ -145,3 +151,18 @@ def add_mul_program() -> schema.Program:
 
 def f32_bytes(*xs: float) -> bytes:
     return struct.pack(f"<{len(xs)}f", *xs)
+
+
+def view_program() -> schema.Program:
+    """s = x.t() + w[1] as a column (w = arange(6).reshape(2, 3)); outputs s and s.t(): views
+    of an input, a constant and a planned tensor."""
+    b = MethodBuilder()
+    x = b.input("x", (2, 3))
+    w = b.constant(torch.arange(6.0).reshape(2, 3))
+    xt = b.view(x, (3, 2), (1, 3))
+    w1 = b.view(w, (3, 1), (1, 1), offset=3)
+    one = b.add(schema.Int(1))
+    s = b.planned((3, 2))
+    b.kernel("aten::add", "out", (xt, w1, one, s), "add", "model.py:20")
+    b.outputs += [s, b.view(s, (2, 3), (1, 2))]
+    return program_of(b)

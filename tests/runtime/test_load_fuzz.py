@@ -7,12 +7,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from runtime_programs import add_mul_program
+from runtime_programs import add_mul_program, view_program
 
 from exportir.program import serialize
 from exportir.runtime import Program, ProgramLoadError
 
 DATA = serialize.serialize_program(add_mul_program())
+VIEWS = serialize.serialize_program(view_program())
 
 
 def _load_and_run(data: bytes) -> None:
@@ -20,7 +21,8 @@ def _load_and_run(data: bytes) -> None:
         program = Program.load(data)
     except ProgramLoadError:
         return
-    program.method()(torch.ones(2, 3), torch.ones(2, 3))
+    method = program.method()
+    method(*(torch.ones(2, 3) for _ in method.input_names))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -28,6 +30,16 @@ def _load_and_run(data: bytes) -> None:
                 max_size=4))
 def test_bit_flips(flips):
     data = bytearray(DATA)
+    for offset, bit in flips:
+        data[offset] ^= 1 << bit
+    _load_and_run(bytes(data))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, len(VIEWS) - 1), st.integers(0, 7)), min_size=1,
+                max_size=4))
+def test_bit_flips_in_a_program_with_views(flips):
+    data = bytearray(VIEWS)
     for offset, bit in flips:
         data[offset] ^= 1 << bit
     _load_and_run(bytes(data))

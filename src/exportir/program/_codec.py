@@ -28,6 +28,8 @@ def _storage(s: schema.Storage) -> list[Any]:
             return ["I"]
         case schema.DynamicStorage():
             return ["D"]
+        case schema.ViewOf(base=b, offset=o, strides=st):
+            return ["V", b, o, list(st)]
     raise TypeError(f"not a storage: {s!r}")
 
 
@@ -187,6 +189,9 @@ def _decode_storage(x: Any, path: str) -> schema.Storage:
         return schema.InputStorage()
     if tag == "D" and len(a) == 1:
         return schema.DynamicStorage()
+    if tag == "V" and len(a) == 4:
+        return schema.ViewOf(_nat(a[1], f"{path}.base"), _nat(a[2], f"{path}.offset"),
+                             _nats(a[3], f"{path}.strides"))
     raise _bad(path, f"unknown storage {tag!r} with {len(a)} entries")
 
 

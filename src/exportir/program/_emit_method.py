@@ -22,9 +22,19 @@ from exportir.program.kernels import EmitError, source_line
 _CONSTANT_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
 _RUNTIME_SCALARS = (schema.Int, schema.Double, schema.Bool)
 
-# Constant folding never stores a result larger than its constant inputs, unless it is this
-# small (a cast or broadcast of a lifted scalar).
-FOLD_SMALL_BYTES = 256
+# Constant folding stores a node's results when they are no larger than the constant tensors it
+# reads (a weight's permute_copy) or when each is at most this many bytes: small input-independent
+# subgraphs (a causal mask from arange / le / logical_and: 128 x 128 float32 or 256 x 256 bool)
+# are computed once here instead of on every call, while a large factory result (a zeros() of
+# megabytes) stays an instruction: stored, it would grow the file and cost more to read than to
+# recompute.
+FOLD_MAX_RESULT_BYTES = 64 * 1024
+
+# Factories whose contents are undefined: folded, they would put arbitrary bytes in the file.
+_UNINITIALIZED = frozenset({
+    "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::empty_permuted",
+    "aten::new_empty", "aten::new_empty_strided",
+})
 _MUTATION_KINDS = ("BUFFER_MUTATION", "PARAMETER_MUTATION")
 
 
@@ -77,12 +87,36 @@ class _PendingTensor:
     initial: int | None = None
 
 
+_TENSORS = (schema.Tensor, _PendingTensor)
+
+
 def _dim_order(val: Any) -> tuple[int, ...]:
     try:
         strides = [int(s) for s in val.stride()]
     except (TypeError, ValueError, RuntimeError):
         return tuple(range(val.dim()))
+    return _order_of(strides)
+
+
+def _order_of(strides: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted(range(len(strides)), key=lambda d: (-strides[d], d)))
+
+
+def _dense_strides(sizes: Sequence[int], dim_order: Sequence[int]) -> tuple[int, ...]:
+    """Strides of a tensor stored densely in ``dim_order`` (outermost first)."""
+    strides = [0] * len(sizes)
+    step = 1
+    for d in reversed(dim_order):
+        strides[d] = step
+        step *= max(sizes[d], 1)
+    return tuple(strides)
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same sizes and the same strides wherever a stride matters (dimensions of size > 1)."""
+    return a.shape == b.shape and all(
+        n <= 1 or x == y for n, x, y in zip(a.shape, a.stride(), b.stride())
+    )
 
 
 def _size_bound(size: Any) -> tuple[int, bool]:
@@ -123,6 +157,7 @@ class MethodEmitter:
         self.by_input_name: dict[str, int] = {}
         self.state_value: dict[str, int] = {}
         self.scalar_tensors: dict[Node, int] = {}
+        self.written_inputs: set[int] = set()  # user inputs the method mutates
         # nodes whose value is known at emit time (weights, lifted constants, folded nodes):
         # a constant value is made only when an instruction or output reads the node
         self.constants: dict[Node, Any] = {}
@@ -332,11 +367,9 @@ class MethodEmitter:
             items = tuple(
                 self.new_tensor(v, f"{node.name}[{i}]", contiguous) for i, v in enumerate(val)
             )
+            if _returns_list(choice.functional):
+                return [self.bind_items(node, items, True)]
             self.node_items[node] = items
-            if _returns_list(choice):
-                ref = self.add(schema.TensorList(items))
-                self.node_value[node] = ref
-                return [ref]
             if len(items) != choice.num_results:
                 raise EmitError(
                     f"node {node.name!r}: {kernels.display_name(choice.out)} has "
@@ -346,6 +379,15 @@ class MethodEmitter:
         ref = self.new_tensor(val, node.name, contiguous)
         self.node_value[node] = ref
         return [ref]
+
+    def bind_items(self, node: Node, items: tuple[int, ...], as_list: bool) -> int | None:
+        """Record the values of a node with several results (a ``TensorList`` value too when its
+        op returns a list); returns that list value."""
+        self.node_items[node] = items
+        if not as_list:
+            return None
+        ref = self.node_value[node] = self.add(schema.TensorList(items))
+        return ref
 
     def emit_kernel(self, node: Node) -> None:
         op = kernels.aten_op(node.target)
@@ -378,29 +420,29 @@ class MethodEmitter:
         self.emit_instruction(lambda d: schema.KernelCall(index, tuple(args), d), node)
 
     def fold(self, node: Node) -> bool:
-        """Constant folding: a kernel node whose tensor inputs are all constants (a weight's
-        ``permute_copy``, a lifted scalar's cast) runs once, here, and its result is stored as
-        a constant instead of being recomputed on every call. Nodes are not folded when they
-        are random, read no constant tensor (factories: their results may be large), or would
-        store more bytes than their constant inputs hold (beyond :data:`FOLD_SMALL_BYTES`).
+        """Constant folding: a kernel node that depends on no input (its tensor inputs are all
+        constants, or it has none: a weight's ``permute_copy``, a lifted scalar's cast, a
+        causal mask built from ``arange``) runs once, here, and its result is stored as a
+        constant instead of being recomputed on every call. Nodes are not folded when they are
+        random or uninitialized (``empty``), have symbolic sizes, or would store more bytes than
+        the constants they read unless each result is at most :data:`FOLD_MAX_RESULT_BYTES`.
         Returns whether ``node`` was folded."""
         op = kernels.aten_op(node.target)
-        if torch.Tag.nondeterministic_seeded in op.tags:
+        if torch.Tag.nondeterministic_seeded in op.tags or op._schema.name in _UNINITIALIZED:
             return False
-        inputs = [n for n in node.all_input_nodes]
-        if not inputs or any(n not in self.constants for n in inputs):
+        inputs = node.all_input_nodes
+        if any(n not in self.constants for n in inputs):
             return False
         read = [self.constants[n] for n in inputs if isinstance(self.constants[n], torch.Tensor)]
-        if not read:
-            return False
         val = node.meta.get("val")
         vals = tuple(val) if isinstance(val, (list, tuple)) else (val,)
-        if not all(isinstance(v, torch.Tensor) for v in vals):
+        if not vals or not all(isinstance(v, torch.Tensor) for v in vals):
             return False
         if not all(isinstance(s, int) for v in vals for s in v.shape):
             return False
-        out_bytes = sum(v.numel() * v.element_size() for v in vals)
-        if out_bytes > max(FOLD_SMALL_BYTES, sum(t.numel() * t.element_size() for t in read)):
+        sizes = [v.numel() * v.element_size() for v in vals]
+        small = max(sizes) <= FOLD_MAX_RESULT_BYTES
+        if not small and sum(sizes) > sum(t.numel() * t.element_size() for t in read):
             return False
         args, kwargs = map_arg((node.args, node.kwargs), lambda n: self.constants[n])
         try:
@@ -415,6 +457,83 @@ class MethodEmitter:
         ):
             return False
         self.constants[node] = results if isinstance(val, (list, tuple)) else results[0]
+        return True
+
+    def alias_layout(self, ref: int) -> tuple[int, int, tuple[int, ...]] | None:
+        """(root, offset, strides) of tensor value ``ref`` when a view may alias it: its root is
+        a constant, a static planned tensor written only by the instruction producing it (not
+        method state), or a static, contiguous user input the method never writes; else None."""
+        v = self.values[ref]
+        if isinstance(v, _PendingTensor):
+            if v.dynamic or not v.bounded or v.initial is not None:
+                return None
+            return ref, 0, _dense_strides(v.sizes, v.dim_order)
+        if not isinstance(v, schema.Tensor) or v.dynamic:
+            return None
+        match v.storage:
+            case schema.ViewOf(base=base, offset=offset, strides=strides):
+                return base, offset, strides
+            case schema.ConstantData():
+                return ref, 0, _dense_strides(v.sizes, v.dim_order)
+            case schema.InputStorage() if ref not in self.written_inputs and v.dim_order == tuple(
+                range(len(v.sizes))
+            ):
+                return ref, 0, _dense_strides(v.sizes, v.dim_order)
+        return None
+
+    def alias(self, node: Node) -> bool:
+        """A view (or a copy changing neither dtype nor layout: ``kernels.alias_rule``) of a
+        static tensor becomes a value with ``schema.ViewOf`` storage and no instruction: its
+        offset and strides in the source's root come from running the view op on a meta
+        stand-in laid out like the source. Returns False (the copy kernel runs instead) when
+        the source cannot be aliased (:meth:`alias_layout`), a size is symbolic, or the view is
+        not expressible over the source's strides (``view`` of a non-contiguous alias)."""
+        rule = kernels.alias_rule(kernels.aten_op(node.target))
+        src = node.args[0] if node.args else None
+        val = node.meta.get("val")
+        vals = tuple(val) if isinstance(val, (list, tuple)) else (val,)
+        if rule is kernels.NOT_ALIASING or not isinstance(src, Node) or not vals or not all(
+            isinstance(v, torch.Tensor) and all(isinstance(s, int) for s in v.shape) for v in vals
+        ):
+            return False
+        if any(n is not src for n in node.all_input_nodes):
+            return False
+        ref = self.node_ref(src)
+        layout = self.alias_layout(ref) if isinstance(self.values[ref], _TENSORS) else None
+        if layout is None:
+            return False
+        root, offset, strides = layout
+        source = self.values[ref]
+        dtype = getattr(torch, schema.TORCH_DTYPE_NAME[source.dtype])
+        numel = _numel(self.values[root].sizes)
+        stand_in = torch.empty(numel, dtype=dtype, device="meta").as_strided(
+            source.sizes, strides, offset
+        )
+        if rule is None:  # the source itself, if that is what the copy would produce
+            results: tuple[Any, ...] = (stand_in,)
+            if val.dtype != dtype or val.layout != torch.strided or not _same_layout(val, stand_in):
+                return False
+        else:
+            try:
+                result = rule(stand_in, *node.args[1:], **node.kwargs)
+            except (RuntimeError, ValueError, TypeError):  # not expressible over these strides
+                return False
+            results = tuple(result) if isinstance(result, (list, tuple)) else (result,)
+        if len(results) != len(vals) or any(
+            r.dtype != v.dtype or r.shape != v.shape for r, v in zip(results, vals)
+        ):
+            return False
+        items = tuple(
+            self.add(schema.Tensor(
+                source.dtype, tuple(r.shape), _order_of(r.stride()),
+                schema.ViewOf(root, r.storage_offset(), tuple(r.stride())),
+            ))
+            for r in results
+        )
+        if isinstance(val, (list, tuple)):
+            self.bind_items(node, items, _returns_list(kernels.aten_op(node.target)))
+        else:
+            self.node_value[node] = items[0]
         return True
 
     def emit_fallback(self, node: Node) -> None:
@@ -485,7 +604,7 @@ class MethodEmitter:
         elif kind == "delegate":
             self.emit_delegate(node)
         elif kind == "kernel":
-            if not self.fold(node):
+            if not self.fold(node) and not self.alias(node):
                 self.emit_kernel(node)
         elif kind == "fallback":
             self.emit_fallback(node)
@@ -568,6 +687,7 @@ class MethodEmitter:
     def emit(self) -> schema.Method:
         sig = self.ep.graph_signature
         mutated = {s.target for s in sig.output_specs if s.kind.name in _MUTATION_KINDS}
+        written = {s.target for s in sig.output_specs if s.kind.name == "USER_INPUT_MUTATION"}
         specs = {s.arg.name: s for s in sig.input_specs if hasattr(s.arg, "name")}
         outputs: list[int] = []
         output_names: list[str] = []
@@ -577,6 +697,8 @@ class MethodEmitter:
                 if spec is None:
                     raise EmitError(f"placeholder {node.name!r} has no input spec")
                 self.emit_placeholder(node, spec, mutated)
+                if node.name in written:
+                    self.written_inputs.add(self.node_value[node])
             elif node.op == "get_attr":
                 obj = kernels.get_attr(self.gm, node.target)
                 if isinstance(obj, torch.Tensor):
@@ -618,16 +740,20 @@ class MethodEmitter:
         )
 
 
-def _returns_list(choice: kernels.KernelChoice) -> bool:
-    returns = choice.functional._schema.returns
+def _returns_list(op: torch._ops.OpOverload) -> bool:
+    returns = op._schema.returns
     return len(returns) == 1 and returns[0].type.kind() == "ListType"
 
 
-def _nbytes(v: _PendingTensor) -> int:
-    n = schema.ELEMENT_SIZE[v.dtype]
-    for s in v.sizes:
+def _numel(sizes: Sequence[int]) -> int:
+    n = 1
+    for s in sizes:
         n *= s
     return n
+
+
+def _nbytes(v: _PendingTensor) -> int:
+    return schema.ELEMENT_SIZE[v.dtype] * _numel(v.sizes)
 
 
 def _finalize(v: Any, plan: planning.MemoryPlan, index: int) -> schema.EValue:

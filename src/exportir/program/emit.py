@@ -5,9 +5,11 @@ For each method, in graph order: placeholders become input / constant / state va
 runtime primitive on symbolic scalars, or, for a custom op without an out variant, its
 functional fallback), and the output node's mutations become ``MoveCall`` s into the mutated
 buffers / inputs. An op whose out variant mutates some inputs (training batch norm) runs on
-copies of them (``MoveCall`` s first). Kernel nodes whose tensor inputs are all constants are
-folded: run once here, stored as constants (``MethodEmitter.fold``); constants are stored only
-if something reads them. Then the planned tensors get arena offsets
+copies of them (``MoveCall`` s first). Kernel nodes that depend on no input are folded: run
+once here, stored as constants (``MethodEmitter.fold``); constants are stored only if something
+reads them. Views of static tensors (and copies changing neither dtype nor layout) emit no
+instruction: their value aliases the source's memory (``schema.ViewOf``,
+``MethodEmitter.alias``). Then the planned tensors get arena offsets
 (:func:`planning.plan_method`) and the program is validated as the loader will validate it.
 
 Before anything is built, :func:`check_kernel_coverage` checks that every node can run; a program

@@ -3,8 +3,9 @@
 A functional ATen op (``aten.add.Tensor``) runs as its out variant (``aten.add.out``): the
 overload of the same packet whose non-out arguments match the functional arguments (names and
 types) and whose out arguments (``Tensor(a!)``, keyword-only) receive the results in return
-order. Views run as their ``*_copy`` op (``aten.view.default`` -> ``aten.view_copy.out``): a
-program's tensors never alias. Everything here is read from the op schemas, not from a list.
+order. Views run as their ``*_copy`` op (``aten.view.default`` -> ``aten.view_copy.out``) when
+the emitter cannot make them aliases (:func:`alias_rule`). Everything here is read from the op
+schemas, not from a list.
 """
 
 from __future__ import annotations
@@ -128,6 +129,34 @@ def is_view_copy(op: torch._ops.OpOverload) -> bool:
     view = _packet(op, name.partition("::")[2][: -len("_copy")])
     overload = op._schema.overload_name or "default"
     return view is not None and overload in view.overloads() and _is_view(getattr(view, overload))
+
+
+# Copies whose result may share its source's memory in a program, whose values are written only
+# by the instruction producing them: op -> the view op giving the alias's layout, or None when
+# the alias is the source itself (allowed only where the result has the source's dtype and
+# layout: see ``MethodEmitter.alias``).
+ALIASING_COPIES: dict[str, torch._ops.OpOverload | None] = {
+    "aten::clone": None,
+    "aten::_to_copy": None,
+    "aten::_unsafe_view": torch.ops.aten.view.default,
+}
+
+NOT_ALIASING = object()
+
+
+def alias_rule(op: torch._ops.OpOverload) -> Any:
+    """How ``op``'s result may alias its first argument: the view op computing the alias's
+    layout (``aten.permute.default`` for ``permute_copy`` and for ``permute`` itself), None for
+    the source itself, or :data:`NOT_ALIASING`."""
+    name = op._schema.name
+    if name in ALIASING_COPIES:
+        return ALIASING_COPIES[name]
+    if _is_view(op):
+        return op
+    if is_view_copy(op):
+        view = _packet(op, name.partition("::")[2][: -len("_copy")])
+        return getattr(view, op._schema.overload_name or "default")
+    return NOT_ALIASING
 
 
 def _signature(args: list[Any]) -> tuple[tuple[str, str], ...]:

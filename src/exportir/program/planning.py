@@ -7,7 +7,9 @@ a value table); :func:`plan_memory` packs :class:`BufferRequest` s into arenas a
 Lifetimes are closed intervals of instruction indices. A value is live from the first
 instruction that mentions it to the last; outputs stay live to the end of the method
 (``len(instructions)``), values named ``whole_method`` (mutable state) from 0 to the end. A list
-value (``TensorList``, ``IntList``, ``OptionalTensorList``) mentions its items. Jumps must go
+value (``TensorList``, ``IntList``, ``OptionalTensorList``) mentions its items. A view
+(``schema.ViewOf`` storage: no bytes of its own) mentions its base, so the base stays live
+while any view of it is and no buffer is placed over memory a live view reads. Jumps must go
 forward (no loops): then every execution visits instructions in increasing order, and values
 whose intervals are disjoint are never live together.
 """
@@ -15,7 +17,7 @@ whose intervals are disjoint are never live together.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from exportir.program import schema
 
@@ -49,7 +51,7 @@ class MemoryPlan:
     """Arena sizes, one allocation per planned value, and the lower bound of each arena.
 
     ``lower_bound`` is the sum over arenas of the peak of simultaneously-live (aligned) bytes: no
-    plan can use less memory.
+    plan can use less memory. ``views`` maps each view to its base (``lifetimes`` has both).
     """
 
     arenas: tuple[int, ...]
@@ -59,6 +61,7 @@ class MemoryPlan:
     alignment: int = 16
     lifetimes: Mapping[int, Lifetime] = field(default_factory=dict)
     names: Mapping[int, str] = field(default_factory=dict)
+    views: Mapping[int, int] = field(default_factory=dict)
 
     @property
     def total_bytes(self) -> int:
@@ -87,11 +90,26 @@ def _mentions(ins: schema.Instruction) -> tuple[int, ...]:
     raise TypeError(f"not an instruction: {ins!r}")
 
 
+def _with_base(value: int, values: Sequence[schema.EValue]) -> tuple[int, ...]:
+    v = values[value]
+    if isinstance(v, schema.Tensor) and isinstance(v.storage, schema.ViewOf):
+        return (value, v.storage.base)
+    return (value,)
+
+
 def _expand(value: int, values: Sequence[schema.EValue]) -> tuple[int, ...]:
     v = values[value]
     if isinstance(v, (schema.TensorList, schema.IntList, schema.OptionalTensorList)):
-        return (value, *v.items)
-    return (value,)
+        return (value, *(i for item in v.items for i in _with_base(item, values)))
+    return _with_base(value, values)
+
+
+def view_bases(values: Sequence[object]) -> dict[int, int]:
+    """view value -> its base, for every tensor with ``ViewOf`` storage."""
+    return {
+        i: v.storage.base for i, v in enumerate(values)
+        if isinstance(v, schema.Tensor) and isinstance(v.storage, schema.ViewOf)
+    }
 
 
 def lifetimes(
@@ -277,11 +295,29 @@ def _check_one(plan: MemoryPlan, value: int, a: schema.Allocation) -> None:
         raise PlanError(f"{_label(plan, value)} has an allocation but no lifetime")
 
 
+def _check_views(plan: MemoryPlan) -> None:
+    """A planned base is live whenever a view of it is (else a buffer could be placed over
+    memory the view still reads)."""
+    for view, base in plan.views.items():
+        span, base_span = plan.lifetimes.get(view), plan.lifetimes.get(base)
+        if base not in plan.allocations or span is None:
+            continue  # constant or input base (never reused), or a view nothing reads
+        if base_span is None or not base_span.first <= span.first <= span.last <= base_span.last:
+            live = "never" if base_span is None else f"{base_span.first}-{base_span.last}"
+            raise PlanError(
+                f"{_label(plan, view)} is a view of {_label(plan, base)} and live at "
+                f"instructions {span.first}-{span.last}, but its base is live at {live}: "
+                "another buffer may be placed over memory the view reads"
+            )
+
+
 def verify_plan(plan: MemoryPlan) -> None:
     """Raise :class:`PlanError` naming both values if two simultaneously-live allocations of the
-    same arena share a byte; also checks alignment and arena bounds."""
+    same arena share a byte, or if a view outlives its planned base; also checks alignment and
+    arena bounds."""
     for value, a in plan.allocations.items():
         _check_one(plan, value, a)
+    _check_views(plan)
     by_arena: dict[int, list[tuple[int, int, int]]] = {}
     for value, a in plan.allocations.items():
         if a.nbytes:
@@ -328,6 +364,10 @@ def plan_method(
         BufferRequest(v, nbytes, spans.get(v, Lifetime(end, end)), 0, names.get(v, ""))
         for v, nbytes in sorted(planned.items())
     ]
+    views = view_bases(values)
     plan = plan_memory(requests, alignment=alignment)
+    plan = replace(plan, views=views, lifetimes={
+        **plan.lifetimes, **{v: spans[v] for v in views if v in spans},
+    })
     verify_plan(plan)
     return plan

@@ -40,6 +40,8 @@ def _storage(t: schema.Tensor) -> str:
             return "input"
         case schema.DynamicStorage():
             return "dynamic"
+        case schema.ViewOf(base=b, offset=o, strides=st):
+            return f"view of %{b} (offset {o}, strides {st})"
     return "?"
 
 

@@ -21,6 +21,8 @@ Conventions that the emitter and the runtime share are documented in
 - ``JumpFalseCall`` jumps to instruction ``dest`` when the Bool (or one-element tensor) value
   ``cond_value`` is false; otherwise falls through.
 - ``FreeCall`` releases a runtime-allocated (``DynamicStorage``) tensor.
+- A tensor with ``ViewOf`` storage aliases another tensor's memory (a view: no instruction
+  computes it); instructions only read it.
 """
 
 from __future__ import annotations
@@ -28,8 +30,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
-FORMAT_VERSION = 1
-"""Major version of the program format written by this module; readers reject others."""
+FORMAT_VERSION = 2
+"""Major version of the program format written by this module."""
+
+READABLE_VERSIONS = (1, 2)
+"""Major versions a reader accepts: 2 added ``ViewOf`` storage; a 1.x file is a valid 2.x file
+without views."""
 
 
 class ScalarType(IntEnum):
@@ -142,7 +148,18 @@ class DynamicStorage:
     """Memory the runtime allocates while running (sizes without a static upper bound)."""
 
 
-Storage = ConstantData | Allocation | InputStorage | DynamicStorage
+@dataclass(frozen=True, slots=True)
+class ViewOf:
+    """An alias of the memory of value ``base`` (a tensor whose storage is not a view): element
+    ``i`` of the view is element ``offset + sum(i[d] * strides[d])`` of the base's memory
+    (counted in elements from its first, in its ``dim_order`` layout). Never written."""
+
+    base: int
+    offset: int
+    strides: tuple[int, ...]
+
+
+Storage = ConstantData | Allocation | InputStorage | DynamicStorage | ViewOf
 
 
 # ------------------------------------------------------------------------------ values

@@ -173,9 +173,10 @@ def read_layout(data: bytes | bytearray | memoryview | mmap.mmap) -> FileLayout:
     if zlib.crc32(view[:_HEADER_CRC_SPAN]) != layout.header_crc:
         raise ProgramLoadError("header checksum mismatch (corrupted header)", "header.crc",
                                _HEADER_CRC_SPAN)
-    if layout.major != schema.FORMAT_VERSION:
+    if layout.major not in schema.READABLE_VERSIONS:
+        readable = " and ".join(f"{v}.x" for v in schema.READABLE_VERSIONS)
         raise ProgramLoadError(f"format version {layout.major}.{layout.minor} is not supported "
-                               f"(this reader reads {schema.FORMAT_VERSION}.x)", "header.version", 8)
+                               f"(this reader reads {readable})", "header.version", 8)
     if layout.file_size != size:
         raise ProgramLoadError(f"header says the file has {layout.file_size} bytes; it has {size} "
                                "(truncated or extended)", "header.file_size", 16)

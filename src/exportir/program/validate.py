@@ -46,6 +46,9 @@ class LoadLimits:
 DEFAULT_LIMITS = LoadLimits()
 
 
+_VIEW_BASE_STORAGE = (schema.ConstantData, schema.Allocation, schema.InputStorage)
+
+
 def _fail(reason: str, field: str) -> ProgramLoadError:
     return ProgramLoadError(reason, field)
 
@@ -121,8 +124,8 @@ class _MethodChecker:
                 if offset + size > arenas[arena]:
                     raise _fail(f"bytes [{offset}, {offset + size}) exceed arena {arena} "
                                 f"({arenas[arena]} bytes)", f"{field}.storage")
-            case schema.InputStorage() | schema.DynamicStorage():
-                pass
+            case schema.InputStorage() | schema.DynamicStorage() | schema.ViewOf():
+                pass  # views are checked once every value is (their base may come later)
             case _:
                 raise _fail(f"unknown storage {st!r}", f"{field}.storage")
 
@@ -147,6 +150,45 @@ class _MethodChecker:
                     pass
                 case _:
                     raise _fail(f"unknown value kind {type(v).__name__}", field)
+        for i, v in enumerate(self.m.values):
+            if isinstance(v, schema.Tensor) and isinstance(v.storage, schema.ViewOf):
+                self.view(v, v.storage, f"{self.f}.values[{i}]")
+
+    def view(self, t: schema.Tensor, st: schema.ViewOf, field: str) -> None:
+        """A view reads only its base's memory: the base is a static tensor that is not itself
+        a view, never written after it is produced (no state, no runtime-allocated storage),
+        an input only when contiguous; every element the view reaches lies inside the base."""
+        field = f"{field}.storage"
+        b = _index(st.base, self.n, f"{field}.base", "value")
+        base = self.m.values[b]
+        if not isinstance(base, schema.Tensor):
+            raise _fail(f"the base of a view must be a Tensor; value {b} is "
+                        f"{type(base).__name__}", f"{field}.base")
+        if not isinstance(base.storage, _VIEW_BASE_STORAGE):
+            raise _fail(f"the base of a view must be a constant, planned or input tensor; value "
+                        f"{b} has {type(base.storage).__name__} storage", f"{field}.base")
+        if base.initial is not None or base.dynamic or t.dynamic:
+            raise _fail(f"a view of value {b} must be static and its base not method state",
+                        f"{field}.base")
+        if isinstance(base.storage, schema.InputStorage) and base.dim_order != tuple(
+            range(len(base.sizes))
+        ):
+            raise _fail(f"a view of input value {b} needs the input contiguous", f"{field}.base")
+        if base.dtype != t.dtype:
+            raise _fail(f"view dtype {t.dtype.name} differs from its base's {base.dtype.name}",
+                        field)
+        strides = st.strides
+        if not isinstance(strides, tuple) or len(strides) != len(t.sizes):
+            raise _fail(f"{len(strides)} strides for {len(t.sizes)} sizes", f"{field}.strides")
+        for d, x in enumerate((st.offset, *strides)):
+            if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+                raise _fail(f"{x!r} is not a non-negative int",
+                            f"{field}.{'offset' if d == 0 else f'strides[{d - 1}]'}")
+        last = st.offset + sum((s - 1) * x for s, x in zip(t.sizes, strides))
+        if st.offset > base.numel or (t.numel and last >= base.numel):
+            reach = f"reaches element {last}" if t.numel else f"starts at element {st.offset}"
+            raise _fail(f"the view {reach} (offset {st.offset}, strides {strides}) of value "
+                        f"{b}, which has {base.numel} elements", field)
 
     # -- signature, instructions, plan ----------------------------------------------------------
 
@@ -234,12 +276,15 @@ class _MethodChecker:
             return
         spans = planning.lifetimes(self.m.values, self.m.instructions, self.m.outputs, state)
         end = len(self.m.instructions)
+        views = planning.view_bases(self.m.values)
         plan = planning.MemoryPlan(
             arenas=self.m.plan.arenas,
             allocations=allocations,
             lower_bound=self.m.plan.lower_bound,
             alignment=self.m.plan.alignment,
-            lifetimes={i: spans.get(i, planning.Lifetime(end, end)) for i in allocations},
+            lifetimes={i: spans.get(i, planning.Lifetime(end, end))
+                       for i in (*allocations, *views) if i in allocations or i in spans},
+            views=views,
         )
         try:
             planning.verify_plan(plan)
@@ -265,9 +310,9 @@ def validate_method(
 
 def validate_program(program: schema.Program, limits: LoadLimits = DEFAULT_LIMITS) -> None:
     """Raise :class:`ProgramLoadError` at the first inconsistency of ``program``."""
-    if program.version != schema.FORMAT_VERSION:
-        raise _fail(f"format version {program.version!r} is not {schema.FORMAT_VERSION} "
-                    "(this reader's version)", "version")
+    if program.version not in schema.READABLE_VERSIONS:
+        raise _fail(f"format version {program.version!r} is not one of "
+                    f"{schema.READABLE_VERSIONS} (this reader's versions)", "version")
     names: set[str] = set()
     for i, m in enumerate(program.methods):
         if not m.name or m.name in names:

@@ -9,6 +9,8 @@
 * Constants are ``torch.frombuffer`` views of the program's constant buffers; when the program
   was loaded from a file those buffers view the memory-mapped file, so weights are never copied.
   Such views are read-only memory: the runtime never lets an instruction write into them.
+* Views (``ViewOf`` storage) are ``as_strided`` aliases of their base's memory, built once when
+  the method is prepared (per call for views of inputs); no instruction writes them.
 """
 
 from __future__ import annotations
@@ -117,6 +119,15 @@ def buffer_tensor(data: bytes | memoryview, t: schema.Tensor) -> torch.Tensor:
         warnings.filterwarnings("ignore", message="The given buffer is not writable")
         flat = torch.frombuffer(data, dtype=dtype, count=t.numel)
     return _shape(flat, t)
+
+
+def view_tensor(base: torch.Tensor, t: schema.Tensor) -> torch.Tensor:
+    """The tensor ``t`` (with ``ViewOf`` storage) over the memory of ``base``: its storage
+    offset and strides count elements of the base's memory (validated to stay inside it)."""
+    view = t.storage
+    if not isinstance(view, schema.ViewOf):
+        raise TypeError(f"tensor storage {view!r} is not a view")
+    return base.as_strided(t.sizes, view.strides, base.storage_offset() + view.offset)
 
 
 def runtime_tensor(t: schema.Tensor) -> torch.Tensor:

@@ -4,7 +4,8 @@ Preparing a :class:`Method` (once, when ``program.method(name)`` is first called
 
 1. builds the value table: planned tensors view the method's arenas (allocated here, once),
    constants view the program's constant segment, runtime-owned tensors start empty, scalars and
-   lists are materialised; mutable state is copied from its initial constant;
+   lists are materialised; mutable state is copied from its initial constant; views
+   (``ViewOf``) alias their base (views of inputs: per call, after the inputs are bound);
 2. compiles every instruction into a *step* — one ``match`` over the closed
    ``schema.Instruction`` union (:meth:`Method._compile`). Kernels and delegates are looked up
    here, so a missing kernel or backend fails at load, not halfway through a run. Argument lists
@@ -74,6 +75,7 @@ class Method:
         "_dynamic",
         "_in_spec",
         "_input_checks",
+        "_input_views",
         "_lists",
         "_out_spec",
         "_planned",
@@ -92,11 +94,12 @@ class Method:
         self._arenas = memory.allocate_arenas(meta.plan.arenas)
         self._planned: list[tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]] = []
         self._lists: dict[int, tuple[int, ...]] = {}
+        self._input_views: list[tuple[int, int, schema.Tensor]] = []  # (view, input, meta)
         self._template = self._build_values()
-        # Values whose Python object changes from call to call: the inputs, and (added while
-        # compiling, in schedule order) scalar kernel results and scalar move targets. Tensors
-        # are written in place and keep their object.
-        self._dynamic: set[int] = set(meta.inputs)
+        # Values whose Python object changes from call to call: the inputs and their views,
+        # and (added while compiling, in schedule order) scalar kernel results and scalar move
+        # targets. Tensors are written in place and keep their object.
+        self._dynamic: set[int] = set(meta.inputs) | {v for v, _, _ in self._input_views}
         self._steps: list[Step] = [
             self._compile(pc, ins) for pc, ins in enumerate(meta.instructions)
         ]
@@ -184,6 +187,13 @@ class Method:
                     values.append(None)
                 case _:
                     raise self._failure(None, f"value {index} has unknown kind {v!r}")
+        for index, v in enumerate(self.meta.values):  # views, once every base exists
+            if isinstance(v, schema.Tensor) and isinstance(v.storage, schema.ViewOf):
+                base = v.storage.base
+                if isinstance(self.meta.values[base].storage, schema.InputStorage):  # per call
+                    self._input_views.append((index, base, v))
+                else:
+                    values[index] = memory.view_tensor(values[base], v)
         return values
 
     def _changing(self, index: int) -> bool:
@@ -210,8 +220,8 @@ class Method:
                 if t.initial is not None:  # mutable state starts from its constant
                     view.copy_(self._program._constant(t.initial, t))
                 return view
-            case schema.InputStorage():
-                return None  # bound per call
+            case schema.InputStorage() | schema.ViewOf():
+                return None  # bound per call; views: built once their base is
             case schema.DynamicStorage():
                 return memory.runtime_tensor(t)
         raise self._failure(None, f"value {index} has unknown storage {t.storage!r}")
@@ -340,6 +350,11 @@ class Method:
                 raise self._failure(
                     pc, f"writes value {i}, a read-only constant (the program is malformed)"
                 )
+            if isinstance(t.storage, schema.ViewOf):
+                raise self._failure(
+                    pc, f"writes value {i}, a view of value {t.storage.base} (views are "
+                    "read-only; the program is malformed)"
+                )
             if isinstance(t.storage, schema.InputStorage):  # input mutation: the caller's tensor
                 outs.append(_Out(i, None, t.sizes, t.dynamic, None))
                 continue
@@ -425,6 +440,8 @@ class Method:
                 values[index] = given  # the fast path: exactly what the method was built for
             else:
                 values[index] = self._check_input(k, self.meta.values[index], given)
+        for view, base, meta in self._input_views:  # inputs are contiguous when viewed
+            values[view] = memory.view_tensor(values[base], meta)
 
     def _check_input(self, k: int, v: schema.EValue, given: Any) -> Any:
         label = f"method {self.name!r}: input {k} ({self._input_label(k)})"

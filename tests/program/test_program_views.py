@@ -75,7 +75,7 @@ VIEWS = {
     "split_with_sizes": lambda y: y.split([1, 3], dim=2),
     "unbind": lambda y: y.unbind(1),
     "clone_keeping_layout": lambda y: y.permute(2, 0, 1).clone(),
-    "to_copy_same_dtype": lambda y: torch.ops.aten._to_copy(y[0].t()),
+    "to_copy_same_dtype": lambda y: torch.ops.aten._to_copy(y.transpose(0, 2)),
     "chain": lambda y: y.permute(2, 0, 1).unsqueeze(0).expand(2, 4, 2, 3)[1, :, 1:].transpose(0, 1),
 }
 
@@ -104,6 +104,7 @@ COPIES = {  # fn -> the copy instruction that must stay
     "expand_then_contiguous": (lambda y: y[:, :1].expand(2, 5, 4).contiguous(),
                                "aten::clone.out"),
     "dtype_change": (lambda y: y.to(torch.float64), "aten::_to_copy.out"),
+    "clone_of_a_part": (lambda y: y[1:].clone(), "aten::clone.out"),
 }
 
 
@@ -187,6 +188,24 @@ def test_a_view_not_expressible_over_its_source_stays_a_copy():
     (view,) = [i.args[0] for i in m.instructions if len(i.args) == 3]
     assert m.values[view].storage.strides == (1, 6)  # the transposed alias it reads
     torch.testing.assert_close(run(program, "forward", x)[0], module(x))
+
+
+def test_as_strided_addresses_the_storage_eager_would():
+    # as_strided's offset counts from the start of the storage: over a slice, the root's (as in
+    # eager, where the slice shares it; it aliases only its own root, else the kernel reads the
+    # alias); over a clone, the clone's own (so a clone of a part of its source stays a copy)
+    cases = {
+        "of_slice": (lambda y: torch.as_strided(y[1:], (2, 2), (1, 2), 1),
+                     ["aten::relu.out", "aten::as_strided_copy.out"]),
+        "of_clone": (lambda y: torch.as_strided(y[1:].clone(), (2, 2), (1, 2), 1),
+                     ["aten::relu.out", "aten::clone.out"]),
+    }
+    for fn, ops in cases.values():
+        module = OfRelu(fn)
+        x = torch.randn(3, 4)
+        program = _program(module, x)
+        assert _ops(program) == ops
+        _check_results(program, module, x)
 
 
 def test_chains_collapse_to_the_root_and_feed_kernels():

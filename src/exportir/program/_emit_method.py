@@ -492,15 +492,18 @@ class MethodEmitter:
         src = node.args[0] if node.args else None
         val = node.meta.get("val")
         vals = tuple(val) if isinstance(val, (list, tuple)) else (val,)
-        if rule is kernels.NOT_ALIASING or not isinstance(src, Node) or not vals or not all(
+        if rule is kernels.NOT_ALIASING or not isinstance(src, Node) or not vals or any(
+            n is not src for n in node.all_input_nodes
+        ) or not all(
             isinstance(v, torch.Tensor) and all(isinstance(s, int) for s in v.shape) for v in vals
         ):
             return False
-        if any(n is not src for n in node.all_input_nodes):
-            return False
         ref = self.node_ref(src)
         layout = self.alias_layout(ref) if isinstance(self.values[ref], _TENSORS) else None
-        if layout is None:
+        if layout is None or (
+            rule is not None and rule._schema.name in kernels.STORAGE_RELATIVE_VIEWS
+            and layout[0] != ref
+        ):
             return False
         root, offset, strides = layout
         source = self.values[ref]
@@ -509,9 +512,11 @@ class MethodEmitter:
         stand_in = torch.empty(numel, dtype=dtype, device="meta").as_strided(
             source.sizes, strides, offset
         )
-        if rule is None:  # the source itself, if that is what the copy would produce
-            results: tuple[Any, ...] = (stand_in,)
-            if val.dtype != dtype or val.layout != torch.strided or not _same_layout(val, stand_in):
+        if rule is None:  # the source itself, if indistinguishable from the fresh copy
+            results: tuple[Any, ...] = (stand_in,)  # (its whole storage: as_strided sees it)
+            if val.dtype != dtype or val.layout != torch.strided or offset or numel != _numel(
+                source.sizes
+            ) or not _same_layout(val, stand_in):
                 return False
         else:
             try:

@@ -143,6 +143,10 @@ ALIASING_COPIES: dict[str, torch._ops.OpOverload | None] = {
 
 NOT_ALIASING = object()
 
+# View ops whose arguments address the source's storage, not its elements (``as_strided``'s
+# storage offset): aliased only over a source that is its own root, as in eager.
+STORAGE_RELATIVE_VIEWS = frozenset({"aten::as_strided"})
+
 
 def alias_rule(op: torch._ops.OpOverload) -> Any:
     """How ``op``'s result may alias its first argument: the view op computing the alias's

@@ -173,13 +173,20 @@ def fake_like(real: torch.Tensor, *, requires_grad: bool | None = None) -> FakeT
 
 def fakify(real: torch.Tensor, sizes: list[Any], *, requires_grad: bool | None = None) -> FakeTensor:
     """A fake of ``real`` whose sizes are ``sizes`` (ints / ``torch.SymInt``); strides follow the
-    real tensor's dimension order (contiguous, channels-last, transposed...), symbolically."""
+    real tensor's dimension order (contiguous, channels-last, transposed...), symbolically.
+
+    A size-1 dimension keeps its real stride unless that equals the dense stride at the example
+    sizes (as torch's fakification does). The comparison is with the example value, never with
+    the symbolic stride: comparing a SymInt guards, and ``80 == 16*s0`` would specialize ``s0``
+    (a ``(1, 2, seq, 8)`` input with a dynamic ``seq``)."""
     order = sorted(range(real.dim()), key=lambda d: (real.stride(d), -d))
     strides: list[Any] = [0] * real.dim()
     running: Any = 1
+    dense = 1  # ``running`` at the example sizes
     for d in order:
-        strides[d] = running if real.size(d) != 1 or real.stride(d) == running else real.stride(d)
+        strides[d] = running if real.size(d) != 1 or real.stride(d) == dense else real.stride(d)
         running = running * sizes[d]
+        dense *= real.size(d)
     with _no_modes():
         meta = torch.empty_strided(sizes, strides, dtype=real.dtype, device=_META)
     grad = real.requires_grad if requires_grad is None else requires_grad

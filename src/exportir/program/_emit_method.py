@@ -90,10 +90,19 @@ class _PendingTensor:
 _TENSORS = (schema.Tensor, _PendingTensor)
 
 
+def _stride_hint(stride: Any) -> int | None:
+    """A stride's static value, or a symbolic stride's value at the example inputs. Never
+    ``int(stride)``: that guards, and the guard would specialize the exported program's shape
+    symbols to their example values (every later dynamic size would be planned static)."""
+    if isinstance(stride, int):
+        return stride
+    hint = getattr(getattr(stride, "node", None), "hint", None)
+    return hint if isinstance(hint, int) else None
+
+
 def _dim_order(val: Any) -> tuple[int, ...]:
-    try:
-        strides = [int(s) for s in val.stride()]
-    except (TypeError, ValueError, RuntimeError):
+    strides = [_stride_hint(s) for s in val.stride()]
+    if any(s is None for s in strides):
         return tuple(range(val.dim()))
     return _order_of(strides)
 

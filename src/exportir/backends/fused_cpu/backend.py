@@ -1,12 +1,20 @@
 """The fused CPU backend ahead of time: ``preprocess`` turns an Edge program into a blob.
 
-The blob (format in :mod:`exportir.runtime.backends.fused_cpu`) is a JSON op list over value
-slots plus the raw bytes of the constant tensors the program owns: no pickle, nothing executable.
-While encoding, ``preprocess`` plans two savings the executor applies: each intermediate is
-released after its last reader, and a unary op whose input is a dead intermediate of the same
-shape and dtype runs in place (``relu`` after ``addmm`` reuses the matmul's result).
+The blob (format in :mod:`exportir.runtime.backends.fused_cpu.format`) is a JSON op list over
+value slots plus the raw bytes of the constant tensors the program owns: no pickle, nothing
+executable. ``preprocess``:
 
-Compile specs: ``inplace`` (``b"1"`` default, ``b"0"`` to disable the in-place reuse).
+1. reads the Edge program into a small graph (:mod:`.ir`): delegate inputs, the constants it
+   owns (their contents known), one op per Edge node;
+2. rewrites it (:mod:`.rewrites`): ``linear``/``matmul`` from their decompositions, batch norm
+   folded into the convolution before it, layout no-ops dropped, constants folded;
+3. lets unary and binary elementwise ops run in place on a dead intermediate of the same shape
+   and dtype when nothing sharing its memory is read later (the rule the executor checks too,
+   :func:`exportir.runtime.backends.fused_cpu.plan.inplace_hazard`);
+4. writes the blob.
+
+Compile specs: ``inplace`` (``b"1"`` default, ``b"0"`` to disable the in-place reuse) and
+``optimize`` (``b"1"`` default, ``b"0"`` to write the Edge ops as they are).
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ from typing import Any
 
 import torch
 
+from exportir.backends.fused_cpu.ir import Graph, Op, Value, values_in
+from exportir.backends.fused_cpu.rewrites import optimize
 from exportir.dialects.backend import BackendDetails, CompileSpec, PreprocessResult
 from exportir.dialects.edge.verifier import user_source_line
 from exportir.export.signature import InputKind, OutputKind
@@ -34,11 +44,15 @@ from exportir.runtime.backends.fused_cpu import (
     OPS,
     FusedCpuRuntime,
 )
+from exportir.runtime.backends.fused_cpu.format import OpRow
+from exportir.runtime.backends.fused_cpu.kernels import Ref
+from exportir.runtime.backends.fused_cpu.plan import inplace_hazard, plan
 
 __all__ = ["FusedCpuBackend", "FusedCpuLoweringError", "encode_arg", "op_name"]
 
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-_SPECS = {"inplace": (b"0", b"1")}
+_SPECS = {"inplace": (b"0", b"1"), "optimize": (b"0", b"1")}
+_STATE = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 
 
 class FusedCpuLoweringError(ValueError):
@@ -58,8 +72,8 @@ def op_name(target: Any) -> str | None:
 
 
 def encode_arg(x: Any, slot_of: Any) -> Any:
-    """JSON form of one op argument; ``slot_of(node)`` gives a node's value slot."""
-    if isinstance(x, Node):
+    """JSON form of one op argument; ``slot_of(v)`` gives a node's / value's slot."""
+    if isinstance(x, (Node, Value)):
         return {"v": slot_of(x)}
     if x is None or isinstance(x, (bool, int, str)):
         return x
@@ -95,65 +109,53 @@ def _fail(node: Node, what: str, way_out: str) -> FusedCpuLoweringError:
 _PARTITION_HINT = "delegate with FusedCpuPartitioner(), which leaves such nodes to the runtime"
 
 
-class _Encoder:
-    """Walks one Edge program and builds the blob header and data segment."""
+# ------------------------------------------------------------------------------ Edge -> graph
 
-    def __init__(self, program: Any, inplace: bool) -> None:
+
+class _Reader:
+    """Reads one Edge program into a :class:`Graph`."""
+
+    def __init__(self, program: Any) -> None:
         self.program = program
-        self.inplace_enabled = inplace
-        self.slot: dict[Node, int] = {}
-        self.items: dict[Node, list[int]] = {}
-        self.count = 0
-        self.data = bytearray()
-        self.constants: list[list[Any]] = []
-        self.inputs: list[int] = []
-        self.ops: list[list[Any]] = []
-        self.op_nodes: list[Node] = []
-        self.produced: dict[int, Node] = {}
-
-    def new_slot(self) -> int:
-        self.count += 1
-        return self.count - 1
-
-    def slot_of(self, node: Node) -> int:
-        if node not in self.slot:
-            raise Unencodable(f"value {node.name} is not a tensor the backend computed")
-        return self.slot[node]
+        self.value: dict[Node, Value] = {}
+        self.items: dict[Node, list[Value]] = {}
+        self.graph = Graph([], [], [])
 
     def placeholders(self) -> None:
         specs = self.program.graph_signature.input_specs
         nodes = self.program.graph.find_nodes(op="placeholder")
         for spec, node in zip(specs, nodes):
-            self.slot[node] = slot = self.new_slot()
+            value = self.value[node] = Value(node.meta.get("val"), name=node.name)
             if spec.kind == InputKind.USER_INPUT:
-                if not isinstance(node.meta.get("val"), torch.Tensor):
+                if not isinstance(value.meta, torch.Tensor):
                     raise _fail(node, "a non-tensor input", _PARTITION_HINT)
-                self.inputs.append(slot)
-            elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
-                self.constant(slot, self._state(spec.target), node)
+                self.graph.inputs.append(value)
+            elif spec.kind in _STATE:
+                value.const = self._state(spec.target)
+                if value.const.dtype not in _DTYPE_NAMES:
+                    raise _fail(node, f"a constant of dtype {value.const.dtype}", _PARTITION_HINT)
             else:
                 raise _fail(node, f"a {spec.kind.name} input", _PARTITION_HINT)
 
     def _state(self, target: str) -> torch.Tensor:
         if target in self.program.state_dict:
-            return self.program.state_dict[target]
+            return self.program.state_dict[target].detach()
         return self.program.constants[target]
 
-    def constant(self, slot: int, tensor: torch.Tensor, node: Node) -> None:
-        if tensor.dtype not in _DTYPE_NAMES:
-            raise _fail(node, f"a constant of dtype {tensor.dtype}", _PARTITION_HINT)
-        pad = -len(self.data) % ALIGNMENT
-        self.data += b"\0" * pad
-        raw = _tensor_bytes(tensor)
-        self.constants.append(
-            [slot, _DTYPE_NAMES[tensor.dtype], list(tensor.shape), len(self.data), len(raw)]
-        )
-        self.data += raw
+    def arg(self, x: Any) -> Any:
+        if isinstance(x, Node):
+            if x not in self.value:
+                raise Unencodable(f"value {x.name} is not a tensor the backend computed")
+            return self.value[x]
+        if isinstance(x, (list, tuple)):
+            return [self.arg(v) for v in x]
+        encode_arg(x, lambda _: 0)  # raises Unencodable for what the blob cannot hold
+        return x
 
     def call(self, node: Node) -> None:
         if node.target is operator.getitem:
             src, index = node.args
-            self.slot[node] = self.items[src][index]
+            self.value[node] = self.items[src][index]
             return
         name = op_name(node.target)
         if name not in OPS:
@@ -161,23 +163,21 @@ class _Encoder:
                 node, f"{name or node.target} is not an op the backend runs", _PARTITION_HINT
             )
         try:
-            args = encode_arg(list(node.args), self.slot_of)
-            kwargs = {k: encode_arg(v, self.slot_of) for k, v in node.kwargs.items()}
+            args = [self.arg(a) for a in node.args]
+            kwargs = {k: self.arg(v) for k, v in node.kwargs.items()}
         except Unencodable as e:
             raise _fail(node, f"argument {e} cannot be stored", _PARTITION_HINT) from None
         val = node.meta.get("val")
-        if isinstance(val, (tuple, list)):
-            outs: Any = [self.new_slot() for _ in val]
+        multi = isinstance(val, (tuple, list))
+        outs = [Value(v, name=f"{node.name}_{i}") for i, v in enumerate(val)] if multi else []
+        if multi:
             self.items[node] = outs
-            for s in outs:
-                self.produced[s] = node
         else:
-            outs = self.slot[node] = self.new_slot()
-            self.produced[outs] = node
-        self.ops.append([name, args, kwargs, outs, node.name])
-        self.op_nodes.append(node)
+            outs = [Value(val, name=node.name)]
+            self.value[node] = outs[0]
+        self.graph.ops.append(Op(name, args, kwargs, outs, multi, (node.name,)))
 
-    def outputs(self) -> list[int]:
+    def outputs(self) -> None:
         for spec in self.program.graph_signature.output_specs:
             if spec.kind != OutputKind.USER_OUTPUT:
                 raise FusedCpuLoweringError(
@@ -185,79 +185,138 @@ class _Encoder:
                     f"{spec.kind.name}. Way out: {_PARTITION_HINT}"
                 )
         output = self.program.graph.output_node()
-        result = []
         for value in output.args[0]:
-            if not isinstance(value, Node):
-                raise _fail(output, f"the literal output {value!r}", _PARTITION_HINT)
-            result.append(self.slot_of(value))
-        return result
+            if not isinstance(value, Node) or value not in self.value:
+                raise _fail(output, f"the output {value!r}", _PARTITION_HINT)
+            self.graph.outputs.append(self.value[value])
 
-    def plan(self, outputs: list[int]) -> tuple[list[list[int]], list[int]]:
-        """Per op: slots released after it, and whether it may run in place."""
-        keep = set(outputs) | {c[0] for c in self.constants}
-        last: dict[int, int] = {}
-        for i, row in enumerate(self.ops):
-            for s in _refs(row[1]) + _refs(list(row[2].values())):
-                last[s] = i
-        free: list[list[int]] = [[] for _ in self.ops]
-        for s, i in last.items():
-            if s not in keep:
-                free[i].append(s)
-        inplace = [int(self._can_run_inplace(i, row, last, keep)) for i, row in enumerate(self.ops)]
-        return [sorted(f) for f in free], inplace
-
-    def _can_run_inplace(
-        self, i: int, row: list[Any], last: dict[int, int], keep: set[int]
-    ) -> bool:
-        if not self.inplace_enabled or row[0] not in INPLACE or not row[1]:
-            return False
-        first = row[1][0]
-        if not (isinstance(first, dict) and "v" in first):
-            return False
-        s = first["v"]
-        producer = self.produced.get(s)
-        if producer is None or s in keep or last.get(s) != i or _refs(row[1][1:]).count(s):
-            return False
-        src_val = producer.meta.get("val")
-        if isinstance(src_val, (tuple, list)):
-            return False
-        out_val = self.op_nodes[i].meta.get("val")
-        return (
-            isinstance(src_val, torch.Tensor)
-            and isinstance(out_val, torch.Tensor)
-            and src_val.dtype == out_val.dtype
-            and src_val.shape == out_val.shape
-        )
-
-    def blob(self) -> bytes:
+    def read(self) -> Graph:
+        self.placeholders()
         for node in self.program.graph.nodes:
             if node.op == "call_function":
                 self.call(node)
             elif node.op == "get_attr":
                 raise _fail(node, "a get_attr", _PARTITION_HINT)
-        outputs = self.outputs()
-        free, inplace = self.plan(outputs)
+        self.outputs()
+        return self.graph
+
+
+# ------------------------------------------------------------------------------ graph -> blob
+
+
+class _Writer:
+    """Numbers the graph's values into slots and writes the blob."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.slot: dict[Value, int] = {}
+        for v in graph.inputs:
+            self.slot[v] = len(self.slot)
+        self.constants = [
+            v
+            for v in dict.fromkeys([*values_in([[op.args, op.kwargs] for op in graph.ops]),
+                                    *graph.outputs])
+            if v.const is not None and v not in self.slot
+        ]  # fmt: skip
+        for v in self.constants:
+            self.slot[v] = len(self.slot)
+        for op in graph.ops:
+            for v in op.outs:
+                self.slot[v] = len(self.slot)
+
+    def ref(self, x: Any) -> Any:
+        if isinstance(x, Value):
+            return Ref(self.slot[x])
+        if isinstance(x, list):
+            return [self.ref(v) for v in x]
+        return x
+
+    def rows(self) -> list[OpRow]:
+        return [
+            OpRow(
+                op.name,
+                ",".join(op.nodes),
+                tuple(self.ref(a) for a in op.args),
+                {k: self.ref(v) for k, v in op.kwargs.items()},
+                tuple(self.slot[v] for v in op.outs),
+                op.multi,
+                op.inplace,
+            )
+            for op in self.graph.ops
+        ]
+
+    def choose_inplace(self) -> None:
+        """Mark the elementwise ops that may overwrite their first argument (module doc)."""
+        rows = self.rows()
+        inputs = [self.slot[v] for v in self.graph.inputs]
+        constants = [self.slot[v] for v in self.constants]
+        outputs = [self.slot[v] for v in self.graph.outputs]
+        for i, op in enumerate(self.graph.ops):
+            if not _inplace_candidate(op):
+                continue
+            rows[i] = _with_inplace(rows[i], True)
+            if inplace_hazard(plan(inputs, constants, rows, outputs), rows, i) is None:
+                op.inplace = True
+            else:
+                rows[i] = _with_inplace(rows[i], False)
+
+    def blob(self) -> bytes:
+        data = bytearray()
+        constants = []
+        for v in self.constants:
+            data += b"\0" * (-len(data) % ALIGNMENT)
+            raw = _tensor_bytes(v.const)
+            constants.append(
+                [
+                    self.slot[v],
+                    _DTYPE_NAMES[v.const.dtype],
+                    list(v.const.shape),
+                    len(data),
+                    len(raw),
+                ]
+            )
+            data += raw
+        slot = self.slot.__getitem__
+        ops = [
+            [
+                op.name,
+                encode_arg(op.args, slot),
+                {k: encode_arg(v, slot) for k, v in op.kwargs.items()},
+                [slot(v) for v in op.outs] if op.multi else slot(op.out),
+                ",".join(op.nodes),
+            ]
+            for op in self.graph.ops
+        ]
         header = {
-            "values": self.count,
-            "inputs": self.inputs,
-            "outputs": outputs,
-            "constants": self.constants,
-            "ops": self.ops,
-            "free": free,
-            "inplace": inplace,
+            "values": len(self.slot),
+            "inputs": [slot(v) for v in self.graph.inputs],
+            "outputs": [slot(v) for v in self.graph.outputs],
+            "constants": constants,
+            "ops": ops,
+            "inplace": [int(op.inplace) for op in self.graph.ops],
         }
         text = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
         head = struct.pack("<4sII", MAGIC, FORMAT_VERSION, len(text)) + text
         head += b"\0" * (-len(head) % ALIGNMENT)
-        return head + bytes(self.data)
+        return head + bytes(data)
 
 
-def _refs(x: Any) -> list[int]:
-    if isinstance(x, dict):
-        return [x["v"]] if "v" in x else []
-    if isinstance(x, list):
-        return [s for v in x for s in _refs(v)]
-    return []
+def _inplace_candidate(op: Op) -> bool:
+    if op.name not in INPLACE or op.multi or not op.args or not isinstance(op.args[0], Value):
+        return False
+    first, out = op.args[0], op.out
+    if first.const is not None or not isinstance(first.meta, torch.Tensor):
+        return False
+    if not isinstance(out.meta, torch.Tensor):
+        return False
+    return first.meta.dtype == out.meta.dtype and tuple(first.meta.shape) == tuple(out.meta.shape)
+
+
+def _with_inplace(row: OpRow, inplace: bool) -> OpRow:
+    return OpRow(row.name, row.node, row.args, row.kwargs, row.outs, row.multi, inplace)
+
+
+# ------------------------------------------------------------------------------ the backend
 
 
 def _parse_specs(compile_specs: Sequence[CompileSpec]) -> dict[str, bytes]:
@@ -276,6 +335,15 @@ def _parse_specs(compile_specs: Sequence[CompileSpec]) -> dict[str, bytes]:
     return found
 
 
+def lower_graph(program: Any, compile_specs: Sequence[CompileSpec] = ()) -> Graph:
+    """The graph ``preprocess`` writes for an Edge program (read, rewritten, in-place marked)."""
+    specs = _parse_specs(compile_specs)
+    graph = _Reader(program).read()
+    if specs.get("optimize", b"1") == b"1":
+        optimize(graph)
+    return graph
+
+
 class FusedCpuBackend(BackendDetails):
     """The shipped CPU backend: runs fused ATen subgraphs from a JSON op-list blob."""
 
@@ -286,11 +354,12 @@ class FusedCpuBackend(BackendDetails):
         cls, edge_program: Any, compile_specs: Sequence[CompileSpec]
     ) -> PreprocessResult:
         specs = _parse_specs(compile_specs)
-        encoder = _Encoder(edge_program, inplace=specs.get("inplace", b"1") == b"1")
-        encoder.placeholders()
-        data = encoder.blob()
-        handles = {i: (node.name,) for i, node in enumerate(encoder.op_nodes)}
-        return PreprocessResult(data, handles)
+        graph = lower_graph(edge_program, compile_specs)
+        writer = _Writer(graph)
+        if specs.get("inplace", b"1") == b"1":
+            writer.choose_inplace()
+        handles = {i: op.nodes for i, op in enumerate(graph.ops)}
+        return PreprocessResult(writer.blob(), handles)
 
     @classmethod
     def runtime(cls) -> FusedCpuRuntime:

@@ -1,15 +1,26 @@
 """``FusedCpuPartitioner``: claims the subgraphs the fused CPU backend runs.
 
-A node is claimed when its op is in the backend's op table (:data:`runtime.OPS`: elementwise
-math, activations, softmax, layer/group/batch norm, reductions, addmm/mm/bmm, convolution,
-pooling and copy-semantics layout ops), every tensor it reads and writes is a concrete tensor
-value, and its other arguments can be stored in the blob (no symbolic sizes). Claimed nodes are
-grouped into cycle-free partitions (:func:`exportir.passes.partition.propose_partitions`);
-partitions made only of layout ops are left to the runtime (fusing them gains nothing).
+A node is claimed when its op is in the backend's kernel table (:data:`runtime.OPS`:
+elementwise math, activations, softmax, layer/group/batch norm (also training-mode), reductions,
+linear algebra, convolution, pooling, upsampling, attention, embedding and indexing, factories
+and copy-semantics layout ops), every tensor it reads and writes is a concrete tensor value, and
+its other arguments can be stored in the blob (no symbolic sizes). Claimed nodes are grouped
+into cycle-free partitions (:func:`exportir.passes.partition.propose_partitions`); partitions
+made only of layout ops are left to the runtime (fusing them gains nothing).
 
-``own_constants=True`` hands the parameters/buffers/constants only one partition reads to the
-backend (they move into its blob); by default they stay in the program's constant segment and
-are passed to the delegate, which keeps them memory-mapped and shared.
+``ops_to_not_decompose`` asks ``to_edge_transform_and_lower`` to keep
+``aten._scaled_dot_product_flash_attention_for_cpu`` whole (the backend runs the fused kernel;
+core decomposition would make ~25 ops of it).
+
+Constants (parameters, buffers, lifted constants) only one partition reads can be handed to the
+backend, moving into its blob. ``own_constants``:
+
+- ``None`` (default): those the backend rewrites with their contents -- weights and statistics
+  of a batch norm it folds into the convolution before it, and constants feeding ops whose
+  inputs are all constants (a causal mask sliced from a buffer), which ``preprocess`` computes
+  once. Other constants stay in the program's constant segment, memory-mapped and shared, and
+  are passed to the delegate;
+- ``True``: all of them; ``False``: none (no folding of constants).
 """
 
 from __future__ import annotations
@@ -38,10 +49,20 @@ __all__ = ["LAYOUT_OPS", "FusedCpuPartitioner"]
 # Ops that only move data: a partition of nothing else is not worth a delegate call.
 LAYOUT_OPS = frozenset({
     "aten.view_copy.default", "aten.permute_copy.default", "aten.expand_copy.default",
-    "aten.unsqueeze_copy.default", "aten.squeeze_copy.dims", "aten.clone.default",
-    "aten.cat.default", "aten.slice_copy.Tensor", "aten.select_copy.int",
-    "aten._to_copy.default",
+    "aten.unsqueeze_copy.default", "aten.squeeze_copy.dims", "aten.squeeze_copy.dim",
+    "aten.transpose_copy.int", "aten.clone.default", "aten.cat.default",
+    "aten.slice_copy.Tensor", "aten.select_copy.int", "aten._to_copy.default",
+    "aten.split_with_sizes_copy.default", "aten.full.default", "aten.full_like.default",
+    "aten.scalar_tensor.default", "aten.arange.start_step",
 })  # fmt: skip
+
+# ATen ops kept whole through core decomposition for this backend.
+KEEP_WHOLE = (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,)
+
+_CONV = "aten.convolution.default"
+_BN = "aten._native_batch_norm_legit_no_training.default"
+_TRANSPOSED_WEIGHT = "aten.permute_copy.default"  # read by addmm/mm: linear needs no folding
+_MATMULS = frozenset({"aten.addmm.default", "aten.mm.default"})
 
 _STATE = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 
@@ -62,7 +83,7 @@ class FusedCpuPartitioner(Partitioner):
         compile_specs: Sequence[CompileSpec] = (),
         *,
         ops: Iterable[str] | None = None,
-        own_constants: bool = False,
+        own_constants: bool | None = None,
     ) -> None:
         super().__init__({"own_constants": own_constants})
         self.delegation_spec = DelegationSpec(BACKEND_ID, tuple(compile_specs))
@@ -74,6 +95,11 @@ class FusedCpuPartitioner(Partitioner):
                 f"a subset of exportir.runtime.backends.fused_cpu.OPS"
             )
         self.own_constants = own_constants
+
+    def ops_to_not_decompose(self, ep: Any) -> tuple[list[Any], None]:
+        """The ATen ops ``to_edge_transform_and_lower`` keeps whole for this backend."""
+        keep = [op for op in KEEP_WHOLE if str(op) in self.ops]
+        return keep, None
 
     def is_supported(self, node: Node) -> bool:
         """Whether the backend can run ``node`` (see the module docstring)."""
@@ -99,7 +125,7 @@ class FusedCpuPartitioner(Partitioner):
             )
         ]
         tags = tag_partitions(parts)
-        if self.own_constants:
+        if self.own_constants is not False:
             self._tag_constants(exported_program)
         return PartitionResult(exported_program, {t: self.delegation_spec for t in tags})
 
@@ -107,10 +133,50 @@ class FusedCpuPartitioner(Partitioner):
         signature = program.graph_signature
         mutated = {s.target for s in signature.output_specs if s.kind == OutputKind.BUFFER_MUTATION}
         kinds = {getattr(s.arg, "name", None): s for s in signature.input_specs}
-        for node in program.graph.find_nodes(op="placeholder"):
-            spec = kinds.get(node.name)
-            if spec is None or spec.kind not in _STATE or spec.target in mutated:
-                continue
+        state = {
+            node
+            for node in program.graph.find_nodes(op="placeholder")
+            if (spec := kinds.get(node.name)) is not None
+            and spec.kind in _STATE
+            and spec.target not in mutated
+        }
+        folded = None if self.own_constants else _folded_constants(program.graph, state)
+        for node in state:
             tags = {u.meta.get(DELEGATION_TAG) for u in node.users}
-            if len(tags) == 1 and None not in tags:
+            if len(tags) != 1 or None in tags:
+                continue
+            if folded is None or node in folded:
                 node.meta[DELEGATION_TAG] = tags.pop()
+
+
+def _tag(node: Node) -> Any:
+    return node.meta.get(DELEGATION_TAG)
+
+
+def _folded_constants(graph: Any, state: set[Node]) -> set[Node]:
+    """The constants ``preprocess`` would rewrite with their contents (module docstring)."""
+    known: set[Node] = set(state)  # constants and claimed nodes computed from constants only
+    folded: set[Node] = set()
+    for node in graph.nodes:
+        if node.op != "call_function" or _tag(node) is None:
+            continue
+        inputs = node.all_input_nodes
+        if all(n in known for n in inputs):  # factories (no inputs) included
+            known.add(node)
+            if not (
+                op_name(node.target) == _TRANSPOSED_WEIGHT
+                and all(op_name(u.target) in _MATMULS for u in node.users)
+            ):
+                folded.update(n for n in inputs if n in state)
+        if op_name(node.target) == _BN:
+            conv = node.args[0]
+            if (
+                isinstance(conv, Node)
+                and op_name(conv.target) == _CONV
+                and len(conv.users) == 1
+                and _tag(conv) == _tag(node)
+                and not conv.args[6]
+            ):
+                parts = [*conv.args[1:3], *node.args[1:5]]
+                folded.update(n for n in parts if isinstance(n, Node) and n in state)
+    return folded

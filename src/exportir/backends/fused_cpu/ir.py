@@ -1,0 +1,141 @@
+"""The small graph ``preprocess`` rewrites before it writes a blob.
+
+A :class:`Graph` is the delegate's program as a list of :class:`Op` over :class:`Value` s: the
+delegate's inputs, constants whose contents are known at compile time (``Value.const``: the
+parameters, buffers and constants handed to the backend, and what folding computes from them),
+and op results. Ops are named by kernel-table entry (``"aten.addmm.default"``) and are pure, so
+an op nobody reads can go. ``Value.meta`` is the example value (shape, dtype) the Edge program
+recorded; rewrites keep it exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["Graph", "Op", "Value", "values_in"]
+
+
+@dataclass(eq=False, slots=True)
+class Value:
+    """One value: ``meta`` its example tensor, ``const`` its contents when known."""
+
+    meta: Any
+    const: torch.Tensor | None = None
+    name: str = ""
+
+    @property
+    def shape(self) -> tuple[int, ...] | None:
+        return tuple(self.meta.shape) if isinstance(self.meta, torch.Tensor) else None
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        return self.meta.dtype if isinstance(self.meta, torch.Tensor) else None
+
+
+@dataclass(eq=False, slots=True)
+class Op:
+    """``outs = name(*args, **kwargs)``; ``nodes``: the Edge nodes it computes (for errors)."""
+
+    name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    outs: list[Value]
+    multi: bool
+    nodes: tuple[str, ...]
+    inplace: bool = False
+
+    @property
+    def out(self) -> Value:
+        return self.outs[0]
+
+
+def values_in(x: Any) -> Iterator[Value]:
+    """The values an argument (or a list / dict of them) reads."""
+    if isinstance(x, Value):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from values_in(v)
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from values_in(v)
+
+
+def _replace(x: Any, old: Value, new: Value) -> Any:
+    if x is old:
+        return new
+    if isinstance(x, list):
+        return [_replace(v, old, new) for v in x]
+    return x
+
+
+@dataclass(eq=False, slots=True)
+class Graph:
+    """The delegate program: ``inputs`` in call order, ``ops`` in run order, ``outputs``."""
+
+    inputs: list[Value]
+    ops: list[Op]
+    outputs: list[Value]
+    _readers: dict[Value, list[Op]] | None = field(default=None, repr=False)
+    _producers: dict[Value, Op] = field(default_factory=dict, repr=False)
+
+    def _index(self) -> dict[Value, list[Op]]:
+        if self._readers is None:
+            table: dict[Value, list[Op]] = {}
+            self._producers = {}
+            for op in self.ops:
+                for v in dict.fromkeys(values_in([op.args, op.kwargs])):
+                    table.setdefault(v, []).append(op)
+                for v in op.outs:
+                    self._producers[v] = op
+            self._readers = table
+        return self._readers
+
+    def readers(self, value: Value) -> list[Op]:
+        """The ops reading ``value`` (cached until the graph changes: call :meth:`changed`)."""
+        return self._index().get(value, [])
+
+    def changed(self) -> None:
+        self._readers = None
+
+    def only_reader(self, value: Value) -> Op | None:
+        """The op reading ``value`` when it is the only reader and ``value`` is no output."""
+        readers = self.readers(value)
+        if len(readers) != 1 or any(v is value for v in self.outputs):
+            return None
+        return readers[0]
+
+    def producer(self, value: Value, name: str | None = None) -> Op | None:
+        """The op computing ``value`` (when it is op ``name``, if given)."""
+        self._index()
+        op = self._producers.get(value)
+        return op if op is not None and (name is None or op.name == name) else None
+
+    def remove(self, op: Op) -> None:
+        self.ops = [o for o in self.ops if o is not op]
+        self.changed()
+
+    def replace_uses(self, old: Value, new: Value) -> None:
+        """Every reader of ``old`` (and the outputs) reads ``new`` instead."""
+        for op in self.ops:
+            op.args = [_replace(a, old, new) for a in op.args]
+            op.kwargs = {k: _replace(v, old, new) for k, v in op.kwargs.items()}
+        self.outputs = [new if v is old else v for v in self.outputs]
+        self.changed()
+
+    def remove_dead(self) -> bool:
+        """Drop ops none of whose results is read; True when something went."""
+        live = set(self.outputs)
+        kept: list[Op] = []
+        for op in reversed(self.ops):
+            if any(v in live for v in op.outs):
+                kept.append(op)
+                live.update(values_in([op.args, op.kwargs]))
+        removed = len(kept) != len(self.ops)
+        self.ops = kept[::-1]
+        self.changed()
+        return removed

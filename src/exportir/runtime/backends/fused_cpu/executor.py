@@ -1,0 +1,200 @@
+"""The fused CPU executor: a validated blob becomes one straight-line Python function.
+
+At ``init`` the decoded op list is turned into the source of a single function, compiled once::
+
+    def run(v0, v1):
+        v3 = f0(v0, c2, c1)
+        v4 = f1(v3)
+        del v3
+        return (v4,)
+
+The source is made only of names this module makes up (``v<slot>`` locals, ``c<slot>``
+constants, ``f<op>`` callables, ``k<n>`` literal arguments) and the keywords ``None``, ``True``
+and ``False``; every callable, constant tensor and literal comes in through the function's
+namespace, and every callable is a kernel of the closed table (:mod:`.kernels`). Nothing from
+the blob is ever pasted into the source. Keyword-argument names are the op's ATen schema names.
+
+A value is dropped (``del``) after its last reader; ops the blob marks run in place after
+:func:`.plan.inplace_hazard` agreed. An output that shares memory with a delegate input or
+constant is cloned. A failing op is found from the traceback's line number, so a call pays
+nothing for error reporting.
+"""
+
+from __future__ import annotations
+
+import keyword
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import CodeType
+from typing import Any
+
+import torch
+
+from exportir.runtime.backends.fused_cpu.format import Blob, OpRow, fail
+from exportir.runtime.backends.fused_cpu.kernels import Call, Ref, SchemaMismatch, bind
+from exportir.runtime.backends.fused_cpu.plan import Plan, SlotError, inplace_hazard, plan, refs
+
+__all__ = ["FusedCpuExecutionError", "FusedProgram", "build", "run"]
+
+
+class FusedCpuExecutionError(RuntimeError):
+    """An op of the blob failed; the message names the op and its graph node."""
+
+
+@dataclass(frozen=True, slots=True)
+class FusedProgram:
+    """A loaded blob (the runtime's delegate handle): ``fn(*inputs)`` runs it."""
+
+    num_values: int
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    constants: tuple[tuple[int, torch.Tensor], ...]
+    ops: tuple[OpRow, ...]
+    fn: Any
+    source: str
+    code: CodeType
+    line_ops: dict[int, int]
+
+    def failure(self, exc: BaseException) -> FusedCpuExecutionError:
+        """The error to raise for ``exc`` raised while running: names the failing op."""
+        line = None
+        tb = exc.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code is self.code:
+                line = tb.tb_lineno
+            tb = tb.tb_next
+        where = "fused_cpu delegate"
+        index = self.line_ops.get(line) if line is not None else None
+        if index is not None:
+            op = self.ops[index]
+            nodes = op.node.split(",")
+            label = "graph node" if len(nodes) == 1 else "graph nodes"
+            where = f"fused_cpu op {op.name} ({label} {', '.join(nodes)})"
+        return FusedCpuExecutionError(f"{where} failed: {type(exc).__name__}: {exc}")
+
+
+class _Source:
+    """Builds the function's source and namespace."""
+
+    def __init__(self, blob: Blob, p: Plan) -> None:
+        self.blob = blob
+        self.plan = p
+        self.constants = {s for s, _ in blob.constants}
+        self.namespace: dict[str, Any] = {"__builtins__": {}}
+        self.literals = 0
+        self.lines: list[str] = []
+        self.line_ops: dict[int, int] = {}
+
+    def name(self, slot: int) -> str:
+        return f"c{slot}" if slot in self.constants else f"v{slot}"
+
+    def literal(self, value: Any) -> str:
+        if value is None or isinstance(value, bool):
+            return repr(value)  # None / True / False
+        name = f"k{self.literals}"
+        self.literals += 1
+        self.namespace[name] = value
+        return name
+
+    def arg(self, x: Any) -> str:
+        if isinstance(x, Ref):
+            return self.name(x.slot)
+        if isinstance(x, (list, tuple)) and any(isinstance(v, Ref) for v in x):
+            return "[" + ", ".join(self.arg(v) for v in x) + "]"
+        return self.literal(x)
+
+    def expression(self, i: int, call: Call) -> str:
+        if call.form == "alias":
+            return self.arg(call.args[0])
+        if call.form == "item":
+            return f"{self.arg(call.args[0])}[{self.literal(call.args[1])}]"
+        fn = f"f{i}"
+        self.namespace[fn] = call.fn
+        parts = [self.arg(a) for a in call.args]
+        for key, value in call.kwargs.items():
+            if not key.isidentifier() or keyword.iskeyword(key):  # schema names; never happens
+                raise fail(f"ops[{i}].kwargs", f"argument name {key!r} is not an identifier")
+            parts.append(f"{key}={self.arg(value)}")
+        return f"{fn}({', '.join(parts)})"
+
+    def op(self, i: int, row: OpRow) -> None:
+        try:
+            call = bind(row.name, row.args, row.kwargs, inplace=row.inplace)
+        except SchemaMismatch as e:  # decode checked the arguments; kept for direct callers
+            raise fail(f"ops[{i}]", f"{row.name}: {e}") from None
+        targets = ", ".join(self.name(s) for s in row.outs)
+        if row.multi:
+            targets += "," if len(row.outs) == 1 else ""
+            if not row.outs:
+                targets = "_"
+        self.line_ops[len(self.lines) + 2] = i  # +1: the def line, +1: 1-based
+        self.lines.append(f"    {targets} = {self.expression(i, call)}")
+        dead = [
+            s
+            for s in (*self._reads(row), *row.outs)
+            if self.plan.last_use.get(s, i) == i
+            and s not in self.plan.external
+            and s not in self.plan.outputs
+        ]
+        if dead:
+            self.lines.append(f"    del {', '.join(self.name(s) for s in dict.fromkeys(dead))}")
+
+    def _reads(self, row: OpRow) -> list[int]:
+        return refs(row.args) + refs(row.kwargs)
+
+    def result(self) -> str:
+        items = []
+        for s in self.blob.outputs:
+            shared = self.plan.root[s] in self.plan.external
+            items.append(f"{self.name(s)}.clone()" if shared else self.name(s))
+        return f"    return ({', '.join(items)}{',' if len(items) == 1 else ''})"
+
+
+def build(blob: Blob) -> FusedProgram:
+    """Check lifetimes and in-place requests of a decoded blob and compile its function."""
+    constants = [s for s, _ in blob.constants]
+    try:
+        p = plan(blob.inputs, constants, blob.ops, blob.outputs)
+    except SlotError as e:
+        raise fail(e.field, str(e)) from None
+    for i, row in enumerate(blob.ops):
+        if row.inplace:
+            hazard = inplace_hazard(p, blob.ops, i)
+            if hazard is not None:
+                raise fail(f"inplace[{i}]", f"{row.name} cannot run in place: {hazard}")
+    src = _Source(blob, p)
+    for slot, tensor in blob.constants:
+        src.namespace[f"c{slot}"] = tensor
+    for i, row in enumerate(blob.ops):
+        src.op(i, row)
+    params = ", ".join(f"v{s}" for s in blob.inputs)
+    text = "\n".join([f"def run({params}):", *src.lines, src.result(), ""])
+    code = compile(text, "<fused_cpu>", "exec")
+    exec(code, src.namespace)  # noqa: S102 - our own source, made of our own names (docstring)
+    fn = src.namespace["run"]
+    return FusedProgram(
+        num_values=blob.num_values,
+        inputs=blob.inputs,
+        outputs=blob.outputs,
+        constants=blob.constants,
+        ops=blob.ops,
+        fn=fn,
+        source=text,
+        code=fn.__code__,
+        line_ops=src.line_ops,
+    )
+
+
+def run(program: FusedProgram, inputs: Sequence[Any]) -> tuple[Any, ...]:
+    """Run a loaded blob on ``inputs``; returns its outputs."""
+    if len(inputs) != len(program.inputs):
+        raise FusedCpuExecutionError(
+            f"fused_cpu delegate takes {len(program.inputs)} inputs; got {len(inputs)}"
+        )
+    try:
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                return program.fn(*inputs)
+        return program.fn(*inputs)
+    except Exception as e:
+        raise program.failure(e) from e

@@ -1,0 +1,321 @@
+"""The fused CPU backend's kernel table: every op a blob may name, and how the executor calls it.
+
+Each entry is keyed by an ATen overload name (``"aten.addmm.default"``) and computes exactly
+what that ATen op computes, through the fastest Python entry torch has for it: a ``torch.*``
+function (``torch.addmm``) or a ``torch._C._nn`` one rather than the ``torch.ops.aten``
+overload, a Tensor method for the layout ops (``Tensor.permute``, ``Tensor.reshape``). Layout
+ops may therefore return views: inside a delegate nothing mutates a value in place except the
+in-place forms below, and the executor runs those only on memory nothing else still reads
+(:func:`exportir.runtime.backends.fused_cpu.plan.check_inplace`).
+
+A kernel is called with the op's ATen arguments normalised to the schema (positional arguments
+positionally, keyword-only ones by name); a few entries bind their own calling convention
+(``bind``): ``slice_copy`` becomes a subscript ``x[key]``, ``clone`` ``Tensor.contiguous`` or
+nothing.
+
+The table is closed: a blob names an entry or is refused; it never names a callable.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = [
+    "INPLACE",
+    "KERNELS",
+    "OPS",
+    "Call",
+    "Kernel",
+    "Ref",
+    "SchemaMismatch",
+    "bind",
+    "check_args",
+    "normalize",
+]
+
+_nn = torch._C._nn
+_T = torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """How one op runs: ``fn(*args, **kwargs)`` (``form="call"``), ``args[0][args[1]]``
+    (``"item"``) or ``args[0]`` itself (``"alias"``)."""
+
+    form: str
+    fn: Any = None
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """``fn`` computes the ATen op from its normalised arguments; ``inplace`` (same arguments)
+    overwrites and returns the first; ``alias``: the result may share memory with the first
+    argument; ``bind(args, kwargs) -> Call`` replaces the default ``Call("call", fn, ...)``."""
+
+    fn: Callable[..., Any] | None
+    inplace: Callable[..., Any] | None = None
+    alias: bool = False
+    bind: Callable[[tuple[Any, ...], dict[str, Any]], Call] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """An argument reading value slot ``slot``."""
+
+    slot: int
+
+
+class SchemaMismatch(ValueError):
+    """Arguments that do not fit the op's ATen schema."""
+
+
+# ------------------------------------------------------------------------------ custom bindings
+
+
+def _slice(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
+    x, dim, start, end, step = (*args, *(0, None, None, 1)[len(args) - 1 :])
+    if not isinstance(dim, int) or not isinstance(step, int) or step < 1:
+        return Call("call", torch.ops.aten.slice_copy.Tensor, args, kwargs)
+    part = slice(start, end, step)
+    # Python slicing clamps start/end like aten.slice; a negative dim counts from the end
+    key = (*(slice(None),) * dim, part) if dim >= 0 else (..., part, *(slice(None),) * (-dim - 1))
+    return Call("item", None, (x, key))
+
+
+def _clone(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
+    fmt = kwargs.get("memory_format")
+    if fmt is None or fmt is torch.preserve_format:
+        return Call("alias", None, args[:1])
+    if fmt is torch.contiguous_format:
+        return Call("call", _T.contiguous, args[:1])
+    return Call("call", _T.contiguous, args[:1], {"memory_format": fmt})
+
+
+def _to_copy(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
+    plain = (
+        kwargs.get("layout") in (None, torch.strided)
+        and kwargs.get("device") in (None, torch.device("cpu"))
+        and not kwargs.get("pin_memory")
+        and kwargs.get("memory_format") in (None, torch.preserve_format)
+    )
+    if not plain:
+        return Call("call", torch.ops.aten._to_copy.default, args, kwargs)
+    dtype = kwargs.get("dtype")
+    if dtype is None:
+        return Call("alias", None, args[:1])
+    return Call("call", _T.to, args[:1], {"dtype": dtype})
+
+
+def _bn_functional(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    running_mean: torch.Tensor,
+    running_var: torch.Tensor,
+    training: bool,
+    momentum: float,
+    eps: float,
+) -> tuple[torch.Tensor, ...]:
+    """aten._native_batch_norm_legit_functional: batch norm updating copies of the stats."""
+    mean, var = running_mean.clone(), running_var.clone()
+    out, save_mean, save_rstd = torch.native_batch_norm(
+        x, weight, bias, mean, var, training, momentum, eps
+    )
+    return out, save_mean, save_rstd, mean, var
+
+
+# ------------------------------------------------------------------------------ the table
+
+
+def _same(names: str, module: Any = torch, inplace: bool = False) -> dict[str, Kernel]:
+    """Ops whose ``module.<op>`` takes the ATen arguments as they are; with ``inplace``,
+    ``module.<op>_`` is the in-place form."""
+    table = {}
+    for name in names.split():
+        op = name.split(".")[1]
+        table[name] = Kernel(getattr(module, op), getattr(module, op + "_") if inplace else None)
+    return table
+
+
+_BINARY_INPLACE = {
+    "aten.add.Tensor": Kernel(torch.add, _T.add_),
+    "aten.sub.Tensor": Kernel(torch.sub, _T.sub_),
+    "aten.mul.Tensor": Kernel(torch.mul, _T.mul_),
+    "aten.div.Tensor": Kernel(torch.div, _T.div_),
+}
+
+_LAYOUT = {
+    "aten.view_copy.default": Kernel(_T.reshape, alias=True),
+    "aten.permute_copy.default": Kernel(_T.permute, alias=True),
+    "aten.expand_copy.default": Kernel(_T.expand, alias=True),
+    "aten.unsqueeze_copy.default": Kernel(_T.unsqueeze, alias=True),
+    "aten.squeeze_copy.dims": Kernel(_T.squeeze, alias=True),
+    "aten.squeeze_copy.dim": Kernel(_T.squeeze, alias=True),
+    "aten.transpose_copy.int": Kernel(_T.transpose, alias=True),
+    "aten.select_copy.int": Kernel(_T.select, alias=True),
+    "aten.slice_copy.Tensor": Kernel(None, alias=True, bind=_slice),
+    "aten.clone.default": Kernel(None, alias=True, bind=_clone),
+    "aten._to_copy.default": Kernel(None, alias=True, bind=_to_copy),
+    "aten.split_with_sizes_copy.default": Kernel(torch.split_with_sizes, alias=True),
+    "aten.cat.default": Kernel(torch.cat),
+}
+
+KERNELS: dict[str, Kernel] = {
+    **_BINARY_INPLACE,
+    # elementwise
+    **_same("""
+        aten.add.Scalar aten.sub.Scalar aten.mul.Scalar aten.div.Scalar aten.div.Tensor_mode
+        aten.pow.Tensor_Tensor aten.pow.Tensor_Scalar aten.remainder.Scalar
+        aten.remainder.Tensor aten.atan2.default aten.maximum.default aten.minimum.default
+        aten.where.self aten.eq.Tensor aten.ne.Tensor aten.lt.Tensor aten.le.Tensor
+        aten.gt.Tensor aten.ge.Tensor aten.eq.Scalar aten.ne.Scalar aten.lt.Scalar
+        aten.le.Scalar aten.gt.Scalar aten.ge.Scalar aten.logical_and.default
+        aten.logical_or.default aten.logical_xor.default aten.logical_not.default
+        aten.bitwise_and.Tensor aten.bitwise_or.Tensor aten.bitwise_not.default
+        aten.clamp.Tensor aten.sign.default
+    """),
+    **_same("""
+        aten.neg.default aten.abs.default aten.exp.default aten.log.default aten.log1p.default
+        aten.sqrt.default aten.rsqrt.default aten.reciprocal.default aten.sin.default
+        aten.cos.default aten.erf.default aten.floor.default aten.ceil.default
+        aten.clamp.default aten.relu.default aten.sigmoid.default aten.tanh.default
+    """, inplace=True),
+    **_same("""
+        aten.gelu.default aten.hardtanh.default aten.leaky_relu.default aten.silu.default
+        aten.hardswish.default aten.hardsigmoid.default aten.elu.default
+    """, _nn, inplace=True),
+    # softmax, normalization, reductions
+    **_same("""
+        aten._softmax.default aten._log_softmax.default aten.native_layer_norm.default
+        aten.layer_norm.default aten.native_group_norm.default aten.group_norm.default
+        aten._native_batch_norm_legit_no_training.default aten.batch_norm.default
+        aten.mean.dim aten.mean.default aten.sum.dim_IntList aten.amax.default
+        aten.amin.default aten.any.dim aten.argmax.default aten.cumsum.default
+    """),
+    # linear algebra, convolution, pooling, attention
+    **_same("""
+        aten.addmm.default aten.mm.default aten.bmm.default aten.matmul.default
+        aten.convolution.default aten._adaptive_avg_pool2d.default aten.max_pool2d.default
+        aten.constant_pad_nd.default aten._scaled_dot_product_flash_attention_for_cpu.default
+    """),
+    **_same("""
+        aten.linear.default aten.avg_pool2d.default aten.max_pool2d_with_indices.default
+        aten.adaptive_max_pool2d.default aten.upsample_nearest2d.vec
+        aten.upsample_bilinear2d.vec
+    """, _nn),
+    # indexing, creation
+    **_same("""
+        aten.embedding.default aten.index_select.default
+        aten.gather.default aten.scatter_add.default aten.slice_scatter.default
+        aten.flip.default aten.full.default aten.full_like.default aten.scalar_tensor.default
+        aten.arange.start_step
+    """),
+    # torch.index_put / Tensor.index_put refuse None indices: the overloads take them
+    "aten.index.Tensor": Kernel(torch.ops.aten.index.Tensor),
+    "aten.index_put.default": Kernel(torch.ops.aten.index_put.default),
+    "aten.repeat.default": Kernel(_T.repeat),
+    "aten._native_batch_norm_legit_functional.default": Kernel(_bn_functional),
+    **_LAYOUT,
+}  # fmt: skip
+
+OPS: frozenset[str] = frozenset(KERNELS)
+INPLACE: frozenset[str] = frozenset(k for k, v in KERNELS.items() if v.inplace is not None)
+
+
+# ------------------------------------------------------------------------------ schemas
+
+
+@functools.cache
+def _schema(name: str) -> Any:
+    _, packet, overload = name.split(".")
+    return getattr(getattr(torch.ops.aten, packet), overload)._schema
+
+
+def _has_ref(x: Any) -> bool:
+    if isinstance(x, list):
+        return any(_has_ref(v) for v in x)
+    return isinstance(x, Ref)
+
+
+def _fits(type_text: str, value: Any) -> bool:
+    """Whether a decoded argument fits a schema type: tensors only where tensors go."""
+    is_ref = isinstance(value, Ref)
+    if type_text == "Tensor":
+        return is_ref
+    if type_text == "Optional[Tensor]":
+        return is_ref or value is None
+    if type_text in ("List[Tensor]", "List[Optional[Tensor]]"):
+        optional = type_text == "List[Optional[Tensor]]"
+        return isinstance(value, list) and all(
+            isinstance(v, Ref) or (optional and v is None) for v in value
+        )
+    return not _has_ref(value)
+
+
+def normalize(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict]:
+    """The arguments with every positional schema argument given positionally (defaults
+    filled in before the last one given) and only keyword-only ones by name."""
+    schema = _schema(name)
+    params = schema.arguments
+    positional = [a for a in params if not a.kwarg_only]
+    if len(args) > len(positional):
+        raise SchemaMismatch(f"takes {len(positional)} positional arguments; got {len(args)}")
+    names = {a.name: a for a in params}
+    for key in kwargs:
+        if key not in names:
+            raise SchemaMismatch(f"unknown argument {key!r}")
+    given = {a.name: v for a, v in zip(positional, args)}
+    for key, value in kwargs.items():
+        if key in given:
+            raise SchemaMismatch(f"argument {key!r} given twice")
+        given[key] = value
+    last = max((i for i, a in enumerate(positional) if a.name in given), default=-1)
+    pos: list[Any] = []
+    for a in positional[: last + 1]:
+        if a.name in given:
+            pos.append(given[a.name])
+        elif a.has_default_value():
+            pos.append(a.default_value)
+        else:
+            raise SchemaMismatch(f"missing argument {a.name!r}")
+    for a in params:
+        if a.name not in given and not a.has_default_value():
+            raise SchemaMismatch(f"missing argument {a.name!r}")
+        if a.name in given and not _fits(str(a.type), given[a.name]):
+            raise SchemaMismatch(f"argument {a.name!r} of type {a.type} got {given[a.name]!r}")
+    kw = {a.name: given[a.name] for a in params if a.kwarg_only and a.name in given}
+    return tuple(pos), kw
+
+
+def check_args(name: str, args: tuple, kwargs: dict, n_outs: int, multi: bool) -> None:
+    """Raise :class:`SchemaMismatch` unless the arguments and outputs fit the op's schema."""
+    normalize(name, args, kwargs)
+    returns = [str(r.type) for r in _schema(name).returns]
+    if returns == ["List[Tensor]"]:
+        if not multi:
+            raise SchemaMismatch("returns a list: outs must be a list")
+        return
+    if returns == ["Tensor"]:
+        if multi or n_outs != 1:
+            raise SchemaMismatch("returns one tensor: outs must be one slot")
+        return
+    if not multi or n_outs != len(returns):
+        raise SchemaMismatch(f"returns {len(returns)} tensors: outs must list {len(returns)} slots")
+
+
+def bind(name: str, args: tuple, kwargs: dict, inplace: bool = False) -> Call:
+    """The call that runs op ``name`` on (decoded) arguments."""
+    kernel = KERNELS[name]
+    pos, kw = normalize(name, args, kwargs)
+    if inplace:
+        return Call("call", kernel.inplace, pos, kw)
+    if kernel.bind is not None:
+        return kernel.bind(pos, kw)
+    return Call("call", kernel.fn, pos, kw)

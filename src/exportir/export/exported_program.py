@@ -25,7 +25,7 @@ from torch._decomp import _should_decompose_because_unsafe_op
 from torch._ops import OpOverload
 
 from exportir import pytree
-from exportir.export import _unlift
+from exportir.export import _decompositions, _unlift
 from exportir.export.signature import (
     ArgumentSpec,
     ConstantArgument,
@@ -156,6 +156,7 @@ def _core_aten_table() -> tuple[tuple[Any, Callable[..., Any]], ...]:
     from torch._decomp import _core_aten_decompositions_post_autograd, decomposition_table
 
     table: dict[Any, Callable[..., Any]] = dict(_core_aten_decompositions_post_autograd())
+    table.update(_decompositions.OVERRIDES)  # ours where torch's breaks the kernel's contract
     py_cia = [
         op for op in decomposition_table
         if isinstance(op, OpOverload) and op.namespace == "aten" and _python_cia_kernel(op)

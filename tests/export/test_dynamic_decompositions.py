@@ -47,6 +47,13 @@ class EncoderLayer(nn.Module):
         return self.layer(x)
 
 
+class ReturnsSize(nn.Module):
+    """A symbolic size as an output: its ``sym_size`` is re-made when the output is rebuilt."""
+
+    def forward(self, x):
+        return x.cos() * 2, x.shape[0]
+
+
 def _derived(dim_cls):
     b = dim_cls("b", max=64)
     return {"x": {0: b}, "y": {0: b + 3}}
@@ -70,6 +77,12 @@ CASES = {
         lambda: (torch.randn(3, 5, 8),),
         lambda d: {"x": {0: d("batch", max=32), 1: d("seq", max=64)}},
         [lambda n: (torch.randn(n, n + 2, 8),)],
+    ),
+    "returned_size": (
+        lambda: ReturnsSize(),
+        lambda: (torch.randn(3, 2),),
+        lambda d: {"x": {0: d("b", max=64)}},
+        [lambda n: (torch.randn(n, 2),)],
     ),
 }
 

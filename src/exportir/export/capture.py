@@ -798,9 +798,15 @@ def retrace(
                     output = node
     finally:
         rec.shape_env.op_listener = None
-    rec.origin = output
-    flat_out = pytree.tree_leaves(_lookup(output.args[0], env))
-    rec.graph.output(tuple(_output_value(rec, o) for o in flat_out))
+    results = output.args[0] if isinstance(output.args[0], (list, tuple)) else (output.args[0],)
+    flat_out = []
+    for result in results:
+        # a node made only now (the sym_size of a returned size) takes the meta of the node
+        # it stands for; the output node has no stack_trace / nn_module_stack to give
+        known = isinstance(result, Node) and "stack_trace" in result.meta
+        rec.origin = result if known else output
+        flat_out.extend(_output_value(rec, o) for o in pytree.tree_leaves(_lookup(result, env)))
+    rec.graph.output(tuple(flat_out))
     return _control_flow().attach_subgraphs(finalize_retrace(rec), rec.subgraphs)
 
 

@@ -275,6 +275,19 @@ def test_a_causal_mask_folds_into_one_constant():
     _check_results(program, Causal(), q)
 
 
+def test_factories_reading_only_a_shape_fold():
+    class Like(torch.nn.Module):
+        def forward(self, x):
+            y = torch.relu(x)
+            return torch.where(y > 0, torch.full_like(y, 2.0), torch.zeros_like(y)) + \
+                torch.ones_like(y, dtype=torch.int64)
+
+    x = torch.randn(3, 4)
+    program = _program(Like(), x)
+    assert not any("_like" in o for o in _ops(program))
+    _check_results(program, Like(), x)
+
+
 def test_large_and_uninitialized_factories_are_not_folded():
     class Big(torch.nn.Module):
         def forward(self, x):

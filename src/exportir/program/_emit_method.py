@@ -30,6 +30,9 @@ _RUNTIME_SCALARS = (schema.Int, schema.Double, schema.Bool)
 # recompute.
 FOLD_MAX_RESULT_BYTES = 64 * 1024
 
+# Ops that read only the shape and dtype of their tensor argument: folded whatever computes it.
+_SHAPE_ONLY = frozenset({"aten::full_like", "aten::zeros_like", "aten::ones_like"})
+
 # Factories whose contents are undefined: folded, they would put arbitrary bytes in the file.
 _UNINITIALIZED = frozenset({
     "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::empty_permuted",
@@ -430,30 +433,35 @@ class MethodEmitter:
 
     def fold(self, node: Node) -> bool:
         """Constant folding: a kernel node that depends on no input (its tensor inputs are all
-        constants, or it has none: a weight's ``permute_copy``, a lifted scalar's cast, a
-        causal mask built from ``arange``) runs once, here, and its result is stored as a
-        constant instead of being recomputed on every call. Nodes are not folded when they are
-        random or uninitialized (``empty``), have symbolic sizes, or would store more bytes than
-        the constants they read unless each result is at most :data:`FOLD_MAX_RESULT_BYTES`.
-        Returns whether ``node`` was folded."""
+        constants, or it has none, or it reads only their static shapes: a weight's
+        ``permute_copy``, a lifted scalar's cast, a causal mask built from ``arange``, a
+        ``full_like``) runs once, here, and its result is stored as a constant instead of being
+        recomputed on every call. Nodes are not folded when they are random or uninitialized
+        (``empty``), have symbolic sizes, or would store more bytes than the constants they read
+        unless each result is at most :data:`FOLD_MAX_RESULT_BYTES`. Returns whether ``node``
+        was folded."""
         op = kernels.aten_op(node.target)
         if torch.Tag.nondeterministic_seeded in op.tags or op._schema.name in _UNINITIALIZED:
             return False
-        inputs = node.all_input_nodes
-        if any(n not in self.constants for n in inputs):
-            return False
-        read = [self.constants[n] for n in inputs if isinstance(self.constants[n], torch.Tensor)]
         val = node.meta.get("val")
         vals = tuple(val) if isinstance(val, (list, tuple)) else (val,)
-        if not vals or not all(isinstance(v, torch.Tensor) for v in vals):
+        if not vals or not all(
+            isinstance(v, torch.Tensor) and all(isinstance(s, int) for s in v.shape) for v in vals
+        ):
             return False
-        if not all(isinstance(s, int) for v in vals for s in v.shape):
-            return False
+        inputs = node.all_input_nodes
+        read = [self.constants[n] for n in inputs if isinstance(self.constants.get(n), torch.Tensor)]
         sizes = [v.numel() * v.element_size() for v in vals]
-        small = max(sizes) <= FOLD_MAX_RESULT_BYTES
-        if not small and sum(sizes) > sum(t.numel() * t.element_size() for t in read):
+        if max(sizes) > FOLD_MAX_RESULT_BYTES and sum(sizes) > sum(
+            t.numel() * t.element_size() for t in read
+        ):
             return False
-        args, kwargs = map_arg((node.args, node.kwargs), lambda n: self.constants[n])
+        known = {n: self.constants.get(n) for n in inputs}
+        if op._schema.name in _SHAPE_ONLY:  # any static tensor will do: only its shape is read
+            known = {n: _zeros_like_val(n) if v is None else v for n, v in known.items()}
+        if any(v is None for v in known.values()):
+            return False
+        args, kwargs = map_arg((node.args, node.kwargs), known.__getitem__)
         try:
             with torch.no_grad():
                 result = op(*args, **kwargs)
@@ -757,6 +765,14 @@ class MethodEmitter:
 def _returns_list(op: torch._ops.OpOverload) -> bool:
     returns = op._schema.returns
     return len(returns) == 1 and returns[0].type.kind() == "ListType"
+
+
+def _zeros_like_val(node: Node) -> torch.Tensor | None:
+    """A zero tensor shaped like ``node``'s static tensor value, or None."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or not all(isinstance(s, int) for s in val.shape):
+        return None
+    return torch.zeros(val.shape, dtype=val.dtype)
 
 
 def _numel(sizes: Sequence[int]) -> int:

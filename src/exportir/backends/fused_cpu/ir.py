@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Graph", "Op", "Value", "values_in"]
+__all__ = ["Graph", "Op", "Value", "static_shape", "values_in"]
 
 
 @dataclass(eq=False, slots=True)
@@ -51,6 +51,14 @@ class Op:
     @property
     def out(self) -> Value:
         return self.outs[0]
+
+
+def static_shape(v: Any) -> tuple[int, ...] | None:
+    """``v``'s shape when it is a tensor value of known, non-symbolic size."""
+    if not isinstance(v, Value) or v.shape is None:
+        return None
+    shape = v.shape
+    return shape if all(type(d) is int for d in shape) else None
 
 
 def values_in(x: Any) -> Iterator[Value]:
@@ -118,6 +126,27 @@ class Graph:
     def remove(self, op: Op) -> None:
         self.ops = [o for o in self.ops if o is not op]
         self.changed()
+
+    def insert_before(self, anchor: Op, op: Op) -> None:
+        at = next(i for i, o in enumerate(self.ops) if o is anchor)
+        self.ops.insert(at, op)
+        self.changed()
+
+    def absorb(self, op: Op, reader: Op) -> None:
+        """``op`` now produces what ``reader`` produced; ``reader`` goes."""
+        op.outs = reader.outs
+        op.nodes = (*op.nodes, *reader.nodes)
+        self.remove(reader)
+
+    def alias(self, op: Op, source: Value) -> bool:
+        """``op`` computes ``source`` unchanged: its readers read ``source``; ``op`` goes."""
+        self.replace_uses(op.out, source)
+        self.remove(op)
+        return True
+
+    def unread(self, values: list[Value]) -> bool:
+        """No op reads any of ``values`` and none is an output."""
+        return all(not self.readers(v) and all(o is not v for o in self.outputs) for v in values)
 
     def replace_uses(self, old: Value, new: Value) -> None:
         """Every reader of ``old`` (and the outputs) reads ``new`` instead."""

@@ -27,38 +27,14 @@ from typing import Any
 
 import torch
 
-from exportir.backends.fused_cpu.ir import Graph, Op, Value, values_in
+from exportir.backends.fused_cpu.ir import Graph, Op, Value, static_shape, values_in
+from exportir.backends.fused_cpu.layout import LAYOUT_RULES
 
 __all__ = ["FOLD_LIMIT", "RULES", "fold_constants", "optimize"]
 
 FOLD_LIMIT = 64 * 1024
 
 Rule = Callable[[Graph, Op], bool]
-
-
-def static_shape(v: Any) -> tuple[int, ...] | None:
-    """``v``'s shape when it is a tensor value of known, non-symbolic size."""
-    if not isinstance(v, Value) or v.shape is None:
-        return None
-    shape = v.shape
-    return shape if all(type(d) is int for d in shape) else None
-
-
-def _unread(g: Graph, values: list[Value]) -> bool:
-    return all(not g.readers(v) and all(o is not v for o in g.outputs) for v in values)
-
-
-def _absorb_reader(g: Graph, op: Op, reader: Op) -> None:
-    """``op`` now produces what ``reader`` produced; ``reader`` goes."""
-    op.outs = reader.outs
-    op.nodes = (*op.nodes, *reader.nodes)
-    g.remove(reader)
-
-
-def _alias(g: Graph, op: Op, source: Value) -> bool:
-    g.replace_uses(op.out, source)
-    g.remove(op)
-    return True
 
 
 # ------------------------------------------------------------------------------ linear, matmul
@@ -92,18 +68,21 @@ def linear(g: Graph, op: Op) -> bool:
             and x0_shape[-1] == x_shape[-1]
         ):
             op.args[0] = x0
-            _absorb_reader(g, op, back)
+            g.absorb(op, back)
     return True
 
 
 def _batched(g: Graph, v: Value) -> tuple[Value, tuple[int, ...]] | None:
-    """``(a, batch)`` when ``v`` is ``view(clone?(expand?(a)), [B, m, k])``, ``a``'s last two
-    dims ``[m, k]`` and ``B`` the product of ``batch`` (the expanded leading dims)."""
-    flat = g.producer(v, "aten.view_copy.default")
+    """``(a, batch)`` when ``v`` (shape ``[B, m, k]``) is ``view?(clone?(expand?(a)))``,
+    ``a``'s last two dims ``[m, k]`` and ``B`` the product of ``batch`` (the leading dims ``a``
+    is expanded to)."""
     shape = static_shape(v)
-    if flat is None or shape is None or len(shape) != 3:
+    if shape is None or len(shape) != 3:
         return None
-    a = flat.args[0]
+    a = v
+    flat = g.producer(a, "aten.view_copy.default")
+    if flat is not None:
+        a = flat.args[0]
     clone = g.producer(a, "aten.clone.default")
     if clone is not None and clone.kwargs.get("memory_format") in (None, torch.contiguous_format):
         a = clone.args[0]
@@ -125,22 +104,57 @@ def matmul(g: Graph, op: Op) -> bool:
     if op.kwargs:
         return False
     left, right = (_batched(g, v) for v in op.args)
-    back = g.only_reader(op.out)
-    if left is None or right is None or back is None or back.name != "aten.view_copy.default":
+    if left is None or right is None:
         return False
     (a, batch), (b, batch_b) = left, right
-    out = static_shape(back.out)
+    back = g.only_reader(op.out)
+    if back is not None and back.name != "aten.view_copy.default":
+        back = None
+    out = static_shape(back.out if back is not None else op.out)
     if out is None or batch != batch_b or out[:-2] != batch:
         return False
     try:
         common = tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
     except RuntimeError:
         return False
-    if common != batch:
-        return False
+    if common != batch or (a is op.args[0] and b is op.args[1]):
+        return False  # not broadcast, or already plain bmm operands
     op.name, op.args = "aten.matmul.default", [a, b]
-    _absorb_reader(g, op, back)
+    if back is not None:
+        g.absorb(op, back)
+    g.changed()
     return True
+
+
+def matmul_linear(g: Graph, op: Op) -> bool:
+    """``matmul(x, permute(W, [1, 0]))`` is ``linear(x, W)`` (``x`` at least 2-D)."""
+    x, wt = op.args
+    t = g.producer(wt, "aten.permute_copy.default")
+    x_shape = static_shape(x)
+    if t is None or list(t.args[1]) != [1, 0] or x_shape is None or len(x_shape) < 2:
+        return False
+    op.name, op.args, op.nodes = "aten.linear.default", [x, t.args[0], None], (*op.nodes, *t.nodes)
+    g.changed()
+    return True
+
+
+def linear_bias(g: Graph, op: Op) -> bool:
+    """``add(linear(x, W), b)`` (either order, ``b`` of shape ``[N]``) is ``linear(x, W, b)``."""
+    if op.kwargs or len(op.args) != 2:
+        return False
+    for lin, bias in (op.args, op.args[::-1]):
+        inner = g.producer(lin, "aten.linear.default") if isinstance(lin, Value) else None
+        if inner is None or inner.args[2] is not None or g.only_reader(lin) is not op:
+            continue
+        b_shape, out = static_shape(bias), static_shape(op.out)
+        if b_shape is None or out is None or len(b_shape) != 1 or b_shape[0] != out[-1]:
+            continue
+        if bias.dtype != lin.dtype or out != static_shape(lin):
+            continue
+        inner.args = [inner.args[0], inner.args[1], bias]
+        g.absorb(inner, op)
+        return True
+    return False
 
 
 # ------------------------------------------------------------------------------ conv + batch norm
@@ -153,7 +167,7 @@ def _known(v: Any) -> torch.Tensor | None:
 def conv_bn(g: Graph, op: Op) -> bool:
     x, weight, bias, mean, var, _momentum, eps = op.args
     conv = g.producer(x, "aten.convolution.default")
-    if conv is None or g.only_reader(x) is not op or not _unread(g, op.outs[1:]):
+    if conv is None or g.only_reader(x) is not op or not g.unread(op.outs[1:]):
         return False
     cw, cb, transposed = conv.args[1], conv.args[2], conv.args[6]
     stats = [_known(v) for v in (cw, mean, var)]
@@ -173,69 +187,29 @@ def conv_bn(g: Graph, op: Op) -> bool:
     dtype = stats[0].dtype
     conv.args[1] = Value(new_w.to(dtype), new_w.to(dtype), f"{cw.name}_bn")
     conv.args[2] = Value(new_b.to(dtype), new_b.to(dtype), f"{op.out.name}_bias")
-    _absorb_reader(g, conv, op)
+    g.absorb(conv, op)
     conv.outs = conv.outs[:1]
     conv.multi = False
     return True
 
 
 def max_pool2d(g: Graph, op: Op) -> bool:
-    if not _unread(g, op.outs[1:]):
+    if not g.unread(op.outs[1:]):
         return False
     op.name, op.outs, op.multi = "aten.max_pool2d.default", op.outs[:1], False
     g.changed()
     return True
 
 
-# ------------------------------------------------------------------------------ layout no-ops
-
-
-_RESHAPES = ("aten.view_copy.default", "aten.unsqueeze_copy.default", "aten.squeeze_copy.dims",
-             "aten.squeeze_copy.dim")  # fmt: skip
-
-
-def view(g: Graph, op: Op) -> bool:
-    x = op.args[0]
-    if static_shape(x) is not None and static_shape(x) == static_shape(op.out):
-        return _alias(g, op, x)
-    inner = g.producer(x)
-    if inner is None or inner.name not in _RESHAPES or static_shape(inner.args[0]) is None:
-        return False
-    op.args = [inner.args[0], *op.args[1:]]
-    op.nodes = (*inner.nodes, *op.nodes)
-    g.changed()
-    return True
-
-
-def permute(g: Graph, op: Op) -> bool:
-    x, dims = op.args
-    if list(dims) == list(range(len(dims))):
-        return _alias(g, op, x)
-    inner = g.producer(x, "aten.permute_copy.default")
-    if inner is None:
-        return False
-    first = list(inner.args[1])
-    op.args = [inner.args[0], [first[d] for d in dims]]
-    g.changed()
-    return True
-
-
-def expand(g: Graph, op: Op) -> bool:
-    x = op.args[0]
-    if static_shape(x) is not None and static_shape(x) == static_shape(op.out):
-        return _alias(g, op, x)
-    return False
-
-
 RULES: dict[str, tuple[Rule, ...]] = {
     "aten.addmm.default": (linear,),
     "aten.mm.default": (linear,),
     "aten.bmm.default": (matmul,),
+    "aten.matmul.default": (matmul_linear,),
+    "aten.add.Tensor": (linear_bias,),
     "aten._native_batch_norm_legit_no_training.default": (conv_bn,),
     "aten.max_pool2d_with_indices.default": (max_pool2d,),
-    "aten.view_copy.default": (view,),
-    "aten.permute_copy.default": (permute,),
-    "aten.expand_copy.default": (expand,),
+    **LAYOUT_RULES,
 }
 
 

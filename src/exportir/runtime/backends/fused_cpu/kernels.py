@@ -57,12 +57,14 @@ class Call:
 class Kernel:
     """``fn`` computes the ATen op from its normalised arguments; ``inplace`` (same arguments)
     overwrites and returns the first; ``alias``: the result may share memory with the first
-    argument; ``bind(args, kwargs) -> Call`` replaces the default ``Call("call", fn, ...)``."""
+    argument; ``bind(args, kwargs) -> Call`` replaces the default ``Call("call", fn, ...)``;
+    ``keywords`` are schema-positional arguments ``fn`` takes by name."""
 
     fn: Callable[..., Any] | None
     inplace: Callable[..., Any] | None = None
     alias: bool = False
     bind: Callable[[tuple[Any, ...], dict[str, Any]], Call] | None = None
+    keywords: tuple[str, ...] = ()  # positional in the schema, keyword-only in ``fn``
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +166,7 @@ _LAYOUT = {
     "aten.clone.default": Kernel(None, alias=True, bind=_clone),
     "aten._to_copy.default": Kernel(None, alias=True, bind=_to_copy),
     "aten.split_with_sizes_copy.default": Kernel(torch.split_with_sizes, alias=True),
+    "aten.unbind_copy.int": Kernel(torch.unbind, alias=True),
     "aten.cat.default": Kernel(torch.cat),
 }
 
@@ -171,7 +174,7 @@ KERNELS: dict[str, Kernel] = {
     **_BINARY_INPLACE,
     # elementwise
     **_same("""
-        aten.add.Scalar aten.sub.Scalar aten.mul.Scalar aten.div.Scalar aten.div.Tensor_mode
+        aten.mul.Scalar aten.div.Scalar aten.div.Tensor_mode
         aten.pow.Tensor_Tensor aten.pow.Tensor_Scalar aten.remainder.Scalar
         aten.remainder.Tensor aten.atan2.default aten.maximum.default aten.minimum.default
         aten.where.self aten.eq.Tensor aten.ne.Tensor aten.lt.Tensor aten.le.Tensor
@@ -218,6 +221,9 @@ KERNELS: dict[str, Kernel] = {
         aten.arange.start_step
     """),
     # torch.index_put / Tensor.index_put refuse None indices: the overloads take them
+    # torch.add(x, 2, 3) would be the deprecated add(input, alpha, other)
+    "aten.add.Scalar": Kernel(torch.add, keywords=("alpha",)),
+    "aten.sub.Scalar": Kernel(torch.sub, keywords=("alpha",)),
     "aten.index.Tensor": Kernel(torch.ops.aten.index.Tensor),
     "aten.index_put.default": Kernel(torch.ops.aten.index_put.default),
     "aten.repeat.default": Kernel(_T.repeat),
@@ -314,6 +320,11 @@ def bind(name: str, args: tuple, kwargs: dict, inplace: bool = False) -> Call:
     """The call that runs op ``name`` on (decoded) arguments."""
     kernel = KERNELS[name]
     pos, kw = normalize(name, args, kwargs)
+    if kernel.keywords:
+        params = [a.name for a in _schema(name).arguments if not a.kwarg_only]
+        moved = {p: v for p, v in zip(params, pos) if p in kernel.keywords}
+        pos = tuple(v for p, v in zip(params, pos) if p not in kernel.keywords)
+        kw = {**moved, **kw}
     if inplace:
         return Call("call", kernel.inplace, pos, kw)
     if kernel.bind is not None:

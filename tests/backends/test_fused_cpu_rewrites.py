@@ -1,0 +1,280 @@
+"""What ``FusedCpuBackend.preprocess`` rewrites (batch norm folding, linear/matmul, layout
+chains, select/unbind, constant folding, attention kept whole) and the in-place reuse rule: each
+checked on the blob's op list and against eager."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from exportir.backends.fused_cpu import FusedCpuBackend, FusedCpuPartitioner
+from exportir.backends.fused_cpu.runtime import FusedCpuBlobError, FusedCpuRuntime, decode
+from exportir.dialects.backend import CompileSpec
+from exportir.export import export
+from exportir.program.manager import to_edge
+from exportir.program.transform_and_lower import to_edge_transform_and_lower
+from exportir.runtime import Program
+
+
+def _lower(model, args, transform_and_lower=True):
+    ep = export(model, args)
+    if transform_and_lower:
+        return to_edge_transform_and_lower(ep, partitioner=[FusedCpuPartitioner()])
+    return to_edge(ep).to_backend(FusedCpuPartitioner())
+
+
+def _headers(edge):
+    gm = edge.exported_program().graph_module
+    return [_header(m.processed_bytes) for _, m in gm.named_children()]
+
+
+def _header(blob):
+    _, _, length = struct.unpack_from("<4sII", blob)
+    return json.loads(blob[12 : 12 + length])
+
+
+def _ops(edge):
+    return [op[0] for h in _headers(edge) for op in h["ops"]]
+
+
+def _check(model, args, edge, atol=1e-5):
+    with torch.no_grad():
+        expected = model(*args)
+    method = Program.load(edge.to_program().buffer).method("forward")
+    expected = _tuple(expected)
+    for got in (method(*args), edge.exported_program().module()(*args)):
+        assert len(_tuple(got)) == len(expected)
+        for g, e in zip(_tuple(got), expected):
+            torch.testing.assert_close(g, e, atol=atol, rtol=atol)
+
+
+def _tuple(x):
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+class ConvBn(nn.Module):
+    def __init__(self, bias: bool) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1, bias=bias)
+        self.bn = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 4, 1)
+        self.bn2 = nn.BatchNorm2d(4, affine=False)
+
+    def forward(self, x):
+        return self.bn2(self.conv2(F.relu(self.bn(self.conv(x)))))
+
+
+def _trained(model):
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+                if m.affine:
+                    m.weight.uniform_(0.5, 1.5)
+                    m.bias.uniform_(-0.5, 0.5)
+    return model.eval()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_batch_norm_is_folded_into_the_convolution(bias):
+    model = _trained(ConvBn(bias))
+    args = (torch.randn(2, 3, 8, 8),)
+    edge = _lower(model, args)
+    ops = _ops(edge)
+    assert not [o for o in ops if "batch_norm" in o], ops
+    assert ops.count("aten.convolution.default") == 2
+    # the folded weights moved into the blob: the parent keeps no conv / bn weights
+    kept = edge.exported_program().state_dict
+    assert not [k for k in kept if "weight" in k or "running" in k or "bias" in k], kept
+    _check(model, args, edge)
+
+
+def test_batch_norm_stays_when_its_weights_are_not_the_backends():
+    model = _trained(ConvBn(True))
+    args = (torch.randn(2, 3, 8, 8),)
+    ep = to_edge(export(model, args)).to_backend(FusedCpuPartitioner(own_constants=False))
+    assert any("batch_norm" in o for o in _ops(ep))
+    _check(model, args, ep)
+
+
+def test_linear_is_one_call_on_any_rank():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    args = (torch.randn(2, 5, 8),)
+    edge = _lower(model, args)
+    assert _ops(edge) == ["aten.linear.default", "aten.relu.default", "aten.linear.default"]
+    assert _headers(edge)[0]["inplace"] == [0, 1, 0]  # relu overwrites the dead linear result
+    _check(model, args, edge)
+
+
+class HandAttention(nn.Module):
+    def forward(self, q, k, v):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        return torch.softmax(scores, dim=-1) @ v
+
+
+def test_batched_matmul_decomposition_becomes_matmul():
+    model = HandAttention()
+    args = tuple(torch.randn(2, 3, 5, 4) for _ in range(3))
+    edge = _lower(model, args)
+    ops = _ops(edge)
+    assert ops.count("aten.matmul.default") == 2
+    assert not {"aten.bmm.default", "aten.expand_copy.default", "aten.clone.default"} & set(ops)
+    _check(model, args, edge)
+
+
+class Heads(nn.Module):
+    """Layout juggling around a projection: view / unsqueeze / permute / squeeze / unbind."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 24)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        y = self.proj(x).view(b, t, 3, 2, 4).unsqueeze(0).permute(3, 0, 1, 4, 2, 5).squeeze(1)
+        q, k, v = y.unbind(0)
+        return q * k + v, y[1:2].squeeze(0).sum()
+
+
+def test_layout_chains_collapse_and_unbind_is_one_call():
+    model = Heads().eval()
+    args = (torch.randn(2, 3, 8),)
+    edge = _lower(model, args)
+    ops = _ops(edge)
+    assert "aten.unsqueeze_copy.default" not in ops and "aten.squeeze_copy.dims" not in ops
+    assert ops.count("aten.permute_copy.default") == 1
+    assert "aten.unbind_copy.int" in ops
+    _check(model, args, edge)
+
+
+class Masked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("causal", torch.ones(8, 8, dtype=torch.bool).tril())
+
+    def forward(self, x):
+        t = x.shape[-1]
+        return x.masked_fill(~self.causal[:t, :t], float("-inf")).softmax(-1)
+
+
+def test_constants_computed_from_constants_are_folded():
+    model = Masked()
+    args = (torch.randn(2, 5, 5),)
+    edge = _lower(model, args)
+    ops = _ops(edge)
+    assert not {"aten.slice_copy.Tensor", "aten.bitwise_not.default"} & set(ops), ops
+    (header,) = _headers(edge)
+    assert any(c[2] == [5, 5] and c[1] == "bool" for c in header["constants"])
+    _check(model, args, edge)
+
+
+class Sdpa(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 2, 4).permute(2, 0, 3, 1, 4).unbind(0)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2)
+
+
+def test_attention_is_kept_whole_and_claimed():
+    model = Sdpa().eval()
+    args = (torch.randn(2, 3, 8),)
+    keep, _ = FusedCpuPartitioner().ops_to_not_decompose(None)
+    assert keep == [torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default]
+    edge = _lower(model, args)
+    ops = _ops(edge)
+    assert ops.count("aten._scaled_dot_product_flash_attention_for_cpu.default") == 1
+    assert "aten._softmax.default" not in ops and "aten.bmm.default" not in ops
+    assert len(ops) <= 8, ops
+    _check(model, args, edge)
+    # decomposed (plain to_edge) it still runs, as one delegate
+    decomposed = _lower(model, args, transform_and_lower=False)
+    assert "aten._softmax.default" in _ops(decomposed)
+    _check(model, args, decomposed)
+
+
+def test_optimize_spec_off_writes_the_edge_ops():
+    model = _trained(ConvBn(True))
+    args = (torch.randn(1, 3, 6, 6),)
+    part = FusedCpuPartitioner([CompileSpec("optimize", b"0")])
+    edge = to_edge(export(model, args)).to_backend(part)
+    assert any("batch_norm" in o for o in _ops(edge))
+    _check(model, args, edge)
+
+
+# ------------------------------------------------------------------------------ in-place reuse
+
+
+class Aliased(nn.Module):
+    """relu(a) while views of ``a`` are still read (and one is an output)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 6)
+
+    def forward(self, x):
+        a = self.fc(x)
+        b = a.view(2, 3, 2).permute(0, 2, 1)
+        c = torch.relu(a)
+        d = c.view(2, 2, 3) + b.sum()
+        return d, a.view(12)
+
+
+def test_inplace_never_overwrites_a_value_a_live_view_shares():
+    model = Aliased().eval()
+    args = (torch.randn(2, 4),)
+    edge = _lower(model, args)
+    (header,) = _headers(edge)
+    names = [op[0] for op in header["ops"]]
+    relu = names.index("aten.relu.default")
+    assert header["inplace"][relu] == 0  # a's views are read later (one is an output)
+    _check(model, args, edge)
+
+
+def test_inplace_on_an_input_is_refused_at_load():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    ep = to_edge(export(model, (torch.randn(2, 4),))).exported_program()
+    blob = FusedCpuBackend.preprocess(ep, []).processed_bytes
+    header = _header(blob)
+    assert header["inplace"] == [0, 1]
+    # ask for the linear (whose first argument is the delegate input) to run in place
+    header["ops"][0][0] = "aten.relu.default"
+    header["ops"][0][1] = header["ops"][0][1][:1]
+    header["inplace"][0] = 1
+    text = json.dumps(header).encode()
+    head = struct.pack("<4sII", b"XFC1", 2, len(text)) + text
+    data = blob[-(-(12 + struct.unpack_from("<4sII", blob)[2]) // 16) * 16 :]
+    with pytest.raises(FusedCpuBlobError, match=r"inplace\[0\].*input or constant"):
+        decode(head + b"\0" * (-len(head) % 16) + data)
+
+
+def test_outputs_never_share_memory_with_inputs_or_constants():
+    class PassThrough(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("table", torch.arange(6.0))
+
+        def forward(self, x):
+            return x.view(6) + 1, self.table.view(2, 3), x.permute(1, 0)
+
+    model = PassThrough()
+    x = torch.randn(2, 3)
+    edge = to_edge(export(model, (x,))).to_backend(FusedCpuPartitioner(own_constants=True))
+    outs = edge.exported_program().module()(x)
+    table_out, x_out = outs[1], outs[2]
+    table_out.add_(100)
+    x_out.add_(100)
+    torch.testing.assert_close(edge.exported_program().module()(x)[1], model.table.view(2, 3))
+    assert float(x.abs().max()) < 100
+    assert isinstance(FusedCpuRuntime(), FusedCpuRuntime)

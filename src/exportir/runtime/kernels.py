@@ -31,9 +31,14 @@ from dataclasses import dataclass
 import torch
 
 from exportir.program import schema
+from exportir.runtime.bindings import Call, fast_call, split_arguments
+from exportir.runtime.bindings import bind as bind_call
 
 KernelFn = Callable[[Sequence[object]], object]
-Binder = Callable[[Sequence[object]], Callable[[], object]]
+# binder(args, changing, unread) -> Kernel.bind's callable, or None for the packing default
+Binder = Callable[
+    [Sequence[object], Sequence[int], Sequence[int]], Callable[..., object] | None
+]
 Converter = Callable[[object], object]
 
 # Program files store dtypes, layouts and memory formats as Int codes, devices as String.
@@ -102,18 +107,41 @@ class Kernel:
     empties: tuple[int, ...] = ()
     binder: Binder | None = None
 
-    def bind(self, args: Sequence[object]) -> Callable[[], object]:
-        """A no-argument call of this kernel on ``args`` (for arguments that never change,
-        bound once: no argument packing per call)."""
+    def bind(
+        self, args: Sequence[object], changing: Sequence[int] = (), unread: Sequence[int] = ()
+    ) -> Callable[..., object]:
+        """This kernel on ``args``, as a callable taking only the arguments at the ``changing``
+        positions (in that order; none when nothing changes). Bound once, it runs without
+        per-call argument packing. At changing positions ``args`` holds samples of what the
+        calls will pass (same types, tensor dtypes and ranks): the binder may use them to pick
+        the fastest entry into the kernel. ``unread`` are out positions whose values nobody
+        reads: the kernel may leave them unwritten."""
         if self.binder is not None:
-            return self.binder(args)
-        fn = self.fn
-        return lambda: fn(args)
+            bound = self.binder(args, changing, unread)
+            if bound is not None:
+                return bound
+        return _packing(self.fn, args, changing)
 
     @property
     def num_value_args(self) -> int:
         """How many value indices a ``KernelCall`` to this kernel carries."""
         return self.arity + (1 if self.result_slot else 0)
+
+
+def _packing(
+    fn: KernelFn, args: Sequence[object], changing: Sequence[int]
+) -> Callable[..., object]:
+    template = list(args)
+    if not changing:
+        return lambda: fn(template)
+
+    def call(*given: object) -> object:
+        packed = template.copy()
+        for p, value in zip(changing, given):
+            packed[p] = value
+        return fn(packed)
+
+    return call
 
 
 def canonical_op_name(name: str, overload: str | None = None) -> str:
@@ -157,44 +185,43 @@ EMPTIED_OUTS: Mapping[str, tuple[str, ...]] = {
 
 # Copy ops (the edge dialect's views, materialised) bound as ``out.copy_(view)``: the same result
 # as the out variant when ``out`` already has the view's shape and dtype, without the cost of
-# the generic operator call. Otherwise (a dynamic out being resized) the operator runs.
+# the generic operator call. Otherwise (a dynamic out being resized) the operator runs. Keyword
+# arguments other than ``out`` follow the positional ones.
 _COPY_VIEWS: Mapping[str, Callable[..., torch.Tensor]] = {
     "aten::view_copy.out": lambda t, size: t.view(size),
     "aten::permute_copy.out": lambda t, dims: t.permute(dims),
     "aten::expand_copy.out": lambda t, size, implicit=False: t.expand(size),
+    # any memory_format: clone.out copies the clone into ``out``, whose layout is the plan's
     "aten::clone.out": lambda t, memory_format=None: t,
 }
 
 
-def _copy_view_binder(name: str, call: Callable[..., object], positional: int,
-                      keywords: tuple[str, ...]) -> Binder | None:
+def _copy_view_call(name: str, op: torch._ops.OpOverload, args: Sequence[object]) -> Call | None:
     view = _COPY_VIEWS.get(name)
-    if view is None or keywords[-1:] != ("out",):
+    if view is None:
         return None
+    positional, keywords = split_arguments(op, args)
+    *rest_keywords, out_name = keywords
+    if out_name != "out":
+        return None
+    out = keywords["out"]
+    source = positional[0]
+    if (
+        not isinstance(source, torch.Tensor)
+        or not isinstance(out, torch.Tensor)
+        or source.dtype != out.dtype
+    ):
+        return None
+    extra = [keywords[k] for k in rest_keywords]
+    generic = functools.partial(op._op, **keywords)
 
-    def binder(args: Sequence[object]) -> Callable[[], object]:
-        *operands, out = args
-        generic = functools.partial(call, *args[:positional],
-                                    **dict(zip(keywords, args[positional:])))
-        source = operands[0]
-        if (
-            not isinstance(source, torch.Tensor)
-            or not isinstance(out, torch.Tensor)
-            or source.dtype != out.dtype
-            or (name == "aten::clone.out" and operands[1:] not in ([], [None]))
-        ):
-            return generic
-        rest = operands[1:]
+    def run(source: torch.Tensor, *rest: object) -> object:
+        v = view(source, *rest, *extra)
+        if v.shape != out.shape:
+            return generic(source, *rest)
+        return out.copy_(v)
 
-        def run() -> object:
-            v = view(source, *rest)
-            if v.shape != out.shape:
-                return generic()
-            return out.copy_(v)
-
-        return run
-
-    return binder
+    return Call(run, tuple(positional), {})
 
 
 def kernel_from_op(name: str, op: torch._ops.OpOverload) -> Kernel:
@@ -217,12 +244,18 @@ def kernel_from_op(name: str, op: torch._ops.OpOverload) -> Kernel:
         def fn(args: Sequence[object]) -> object:
             return call(*args)
 
-    def binder(args: Sequence[object]) -> Callable[[], object]:
-        return functools.partial(
-            call, *args[:positional], **dict(zip(keywords, args[positional:]))
-        )
+    chosen: dict = {}  # fast entries by argument kinds (bindings.fast_call)
 
-    binder = _copy_view_binder(name, call, positional, keywords) or binder
+    def binder(
+        args: Sequence[object], changing: Sequence[int], unread: Sequence[int]
+    ) -> Callable[..., object] | None:
+        unread_names = frozenset(arguments[p].name for p in unread)
+        entry = (
+            _copy_view_call(name, op, args)
+            or fast_call(name, op, args, changing, unread_names, chosen)
+            or Call(call, *split_arguments(op, args))
+        )
+        return bind_call(entry, changing)
 
     converters = tuple(
         (i, fn) for i, fn in ((i, _converter(a)) for i, a in enumerate(arguments)) if fn

@@ -6,16 +6,18 @@ Preparing a :class:`Method` (once, when ``program.method(name)`` is first called
    constants view the program's constant segment, runtime-owned tensors start empty, scalars and
    lists are materialised; mutable state is copied from its initial constant; views
    (``ViewOf``) alias their base (views of inputs: per call, after the inputs are bound);
-2. compiles every instruction into a *step* — one ``match`` over the closed
-   ``schema.Instruction`` union (:meth:`Method._compile`). Kernels and delegates are looked up
-   here, so a missing kernel or backend fails at load, not halfway through a run. Argument lists
-   that do not change between runs are resolved once.
+2. compiles every instruction into a checked *step* — one ``match`` over the closed
+   ``schema.Instruction`` union (:meth:`Method._compile`) — and, for kernels, a bare call (the
+   kernel bound once to every argument that never changes, through its fastest entry:
+   :mod:`exportir.runtime.bindings`). Kernels and delegates are looked up here, so a missing
+   kernel or backend fails at load, not halfway through a run.
 
-Running (``method(*inputs)`` or ``method.execute(inputs)``) checks and binds the inputs, runs
-the steps from instruction 0 (a step returns the next instruction index), and returns the
-outputs. **Outputs are copies**: tensors are cloned out of the arena (and out of the constant
-segment and the caller's inputs), so a later call, which reuses the same arena, never changes a
-result already returned.
+Running (``method(*inputs)`` or ``method.execute(inputs)``) checks and binds the inputs into
+the method's value frame, runs the instructions from 0 — the checked steps on a first run (and
+after a failure), then the bare calls wherever shapes cannot vary (:meth:`Method._run`) — and
+returns the outputs. **Outputs are copies**: tensors are cloned out of the arena (and out of the
+constant segment and the caller's inputs), so a later call, which reuses the same arena, never
+changes a result already returned.
 
 Any exception inside a step becomes a :class:`RuntimeFailure` naming the instruction index, the
 op, the graph node and the user's source line (from the method's debug table).
@@ -23,6 +25,8 @@ op, the graph node and the user's source line (from the method's debug table).
 
 from __future__ import annotations
 
+import collections
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -72,7 +76,10 @@ class Method:
 
     __slots__ = (
         "_arenas",
+        "_calls",
         "_dynamic",
+        "_flatten",
+        "_frame",
         "_in_spec",
         "_input_checks",
         "_input_views",
@@ -80,9 +87,14 @@ class Method:
         "_out_spec",
         "_planned",
         "_program",
+        "_readers",
+        "_rebuild",
+        "_resets",
         "_steps",
         "_straight",
         "_template",
+        "_trusted",
+        "_verified",
         "meta",
         "name",
     )
@@ -100,13 +112,21 @@ class Method:
         # and (added while compiling, in schedule order) scalar kernel results and scalar move
         # targets. Tensors are written in place and keep their object.
         self._dynamic: set[int] = set(meta.inputs) | {v for v, _, _ in self._input_views}
+        # The values every call runs on (the template's objects; per-call slots reset after
+        # each call). Trusted calls bind to it (see _run).
+        self._frame = self._template.copy()
+        self._trusted: dict[int, tuple[Callable[[], object], tuple[_Out, ...]]] = {}
+        self._readers: collections.Counter[int] | None = None  # see _unread
         self._steps: list[Step] = [
             self._compile(pc, ins) for pc, ins in enumerate(meta.instructions)
         ]
+        self._resets = tuple((i, self._template[i]) for i in sorted(self._dynamic))
         # No jumps: every step returns the next index, so the steps run as a plain loop.
         self._straight = not any(
             isinstance(ins, schema.JumpFalseCall) for ins in meta.instructions
         )
+        self._calls = self._trusted_calls() if self._straight else None
+        self._verified = False
         self._input_checks = tuple(
             _TensorInput(memory.torch_dtype(v.dtype), tuple(v.sizes), v.dynamic,
                          memory.is_contiguous_order(v.dim_order))
@@ -115,17 +135,23 @@ class Method:
         )
         self._in_spec = treespec.parse(meta.in_spec)
         self._out_spec = treespec.parse(meta.out_spec)
+        self._flatten = treespec.flattener(self._in_spec) if self._in_spec is not None else None
+        spec = self._out_spec
+        rebuildable = spec is not None and spec.rebuildable
+        self._rebuild = (
+            treespec.rebuilder(spec)
+            if rebuildable and spec.num_leaves == len(meta.outputs)
+            else None
+        )
 
     # -- public API ------------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run with the model's own calling convention; returns outputs structured as the
         model returned them (a flat tuple when the program has no output spec)."""
-        flat = self._flatten_inputs(args, kwargs)
-        outputs = self.execute(flat)
-        spec = self._out_spec
-        if spec is not None and spec.rebuildable and spec.num_leaves == len(outputs):
-            return treespec.unflatten(spec, outputs)
+        outputs = self.execute(self._flatten_inputs(args, kwargs))
+        if self._rebuild is not None:
+            return self._rebuild(outputs)
         return outputs
 
     def execute(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
@@ -134,15 +160,19 @@ class Method:
         Raises :class:`MethodInputError` for inputs that do not match the method and
         :class:`RuntimeFailure` when an instruction fails. Output tensors are copies.
         """
-        values = self._template.copy()
-        self._bind_inputs(values, inputs)
-        grad = torch.is_grad_enabled()
-        torch.set_grad_enabled(False)  # no autograd: out= kernels refuse it, and it costs time
+        values = self._frame
         try:
-            self._run(values)
-            return tuple(self._output(values, i) for i in self.meta.outputs)
-        finally:
-            torch.set_grad_enabled(grad)
+            self._bind_inputs(values, inputs)
+            grad = torch.is_grad_enabled()
+            _set_grad_enabled(False)  # no autograd: out= kernels refuse it, and it costs time
+            try:
+                self._run(values)
+                return tuple([self._output(values, i) for i in self.meta.outputs])
+            finally:
+                _set_grad_enabled(grad)
+        finally:  # the frame keeps no input, view of one or scalar result past the call
+            for index, value in self._resets:
+                values[index] = value
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -283,16 +313,59 @@ class Method:
             i for pos in kernel.writes for i in self._list_items_or_self(operands[pos])
         )
         emptied = {operands[pos] for pos in kernel.empties}
-        outs = tuple(
-            replace(o, dynamic=True) if o.value in emptied else o
-            for o in self._writes(pc, written)
-        )
+        planned = self._writes(pc, written)
+        outs = tuple(replace(o, dynamic=True) if o.value in emptied else o for o in planned)
         result = args[-1] if kernel.result_slot else None
         result_out = self._writes(pc, (result,)) if result is not None else ()
-        step = _kernel_step(self, pc, kernel, operands, outs, result, result_out)
+        step, call = _kernel_step(self, pc, kernel, operands, outs, result, result_out)
+        if (
+            result is None
+            and not any(o.dynamic for o in planned)  # emptied outs stay empty once verified
+            and all(self._static_shape(i) for i in operands)
+        ):
+            self._trusted[pc] = (call, outs)
         if result is not None and not result_out:
             self._dynamic.add(result)  # after binding the step: it reads its own args first
         return step
+
+    def _static_shape(self, index: int) -> bool:
+        """Whether value ``index`` has the same shape (tensors) or value (anything else) on
+        every call; for lists, every item."""
+        for i in self._lists.get(index, (index,)):
+            t = self._tensor_meta(i)
+            if t is None:
+                if i in self._dynamic:
+                    return False
+            elif t.dynamic or isinstance(t.storage, schema.DynamicStorage):
+                return False
+        return True
+
+    def _unread(self, index: int) -> bool:
+        """Whether nothing reads value ``index`` (or the items of the list it is): it is no
+        output, no view's base, and no instruction but its writer names it."""
+        if self._readers is None:
+            self._readers = _mentions(self.meta, self._lists)
+        items = self._lists.get(index, (index,))
+        return all(self._readers[i] <= 1 for i in items)
+
+    def _sample(self, index: int) -> Any:
+        """A stand-in for value ``index``, which changes between calls: of its kind (tensor
+        dtype and rank, scalar type), never computed on."""
+        items = self._lists.get(index)
+        if items is not None:
+            return [self._sample(i) if i in self._dynamic else self._template[i] for i in items]
+        v = self.meta.values[index]
+        if isinstance(v, schema.Tensor):
+            return torch.empty((0,) * len(v.sizes), dtype=memory.torch_dtype(v.dtype))
+        return _SCALAR_SAMPLES.get(type(v))
+
+    def _trusted_calls(self) -> list[Callable[[], object]]:
+        """One no-argument call per instruction for the trusted loop: the bare kernel call
+        where :meth:`_compile_kernel` found one, else the checked step on the frame."""
+        return [
+            self._trusted[pc][0] if pc in self._trusted else functools.partial(step, self._frame)
+            for pc, step in enumerate(self._steps)
+        ]
 
     def _compile_move(self, pc: int, src: int, dst: int) -> Step:
         nxt = pc + 1
@@ -366,6 +439,16 @@ class Method:
     # -- running ---------------------------------------------------------------------------------
 
     def _run(self, values: list[Any]) -> None:
+        """Run every instruction on ``values``.
+
+        The first run of a straight-line method (no jumps), and the first run after a failure,
+        runs the checked steps: each kernel's outputs are checked against the plan. Once a run
+        succeeded, shapes are known to come out as planned wherever they cannot vary (static
+        operand shapes, static outs), so later runs call those kernels bare, back to back.
+        """
+        if self._verified:
+            self._run_trusted()
+            return
         steps = self._steps
         if self._straight:
             pc = 0
@@ -373,22 +456,44 @@ class Method:
                 for pc, step in enumerate(steps):  # pc names a failing step
                     step(values)
             except RuntimeFailure:
-                self._restore_layouts()
+                self._reset()
                 raise
             except Exception as exc:
-                self._restore_layouts()
-                raise self._failure(pc, f"{type(exc).__name__}: {exc}") from exc
+                raise self._failed(pc, exc) from exc
+            self._verified = True
             return
         pc, end = 0, len(steps)
         while pc < end:
             try:
                 pc = steps[pc](values)
             except RuntimeFailure:
-                self._restore_layouts()
+                self._reset()
                 raise
             except Exception as exc:
-                self._restore_layouts()
-                raise self._failure(pc, f"{type(exc).__name__}: {exc}") from exc
+                raise self._failed(pc, exc) from exc
+
+    def _run_trusted(self) -> None:
+        pc = 0
+        try:
+            for pc, call in enumerate(self._calls):  # pc names a failing call
+                call()
+        except RuntimeFailure:
+            self._reset()
+            raise
+        except Exception as exc:
+            trusted = self._trusted.get(pc)
+            error = exc if trusted is None else _kernel_error(exc, trusted[1])
+            raise self._failed(pc, error) from exc
+
+    def _failed(self, pc: int, exc: Exception) -> RuntimeFailure:
+        """The :class:`RuntimeFailure` for ``exc``, raised by instruction ``pc``; resets."""
+        self._reset()
+        return self._failure(pc, f"{type(exc).__name__}: {exc}")
+
+    def _reset(self) -> None:
+        """After a failed run: planned layouts back, and the next run runs checked."""
+        self._verified = False
+        self._restore_layouts()
 
     def _restore_layouts(self) -> None:
         """Give every planned tensor back its planned shape after a failed run (a kernel may
@@ -411,8 +516,8 @@ class Method:
         n = len(self.meta.inputs)
         if not kwargs and len(args) == n:
             return args
-        if self._in_spec is not None:
-            flat = treespec.flatten(self._in_spec, (args, kwargs))
+        if self._flatten is not None:
+            flat = self._flatten((args, kwargs))
             if flat is not None:
                 return flat
         if kwargs:
@@ -500,10 +605,20 @@ class _TensorInput:
             and given.dtype == self.dtype
             and not self.dynamic
             and given.shape == self.sizes
-            and given.device.type == "cpu"
+            and given.is_cpu
             and not given.requires_grad
             and (not self.contiguous or given.is_contiguous())
         )
+
+
+_SCALAR_SAMPLES: dict[type, Any] = {
+    schema.Int: 0,
+    schema.Double: 0.0,
+    schema.Bool: False,
+    schema.String: "",
+}
+
+_set_grad_enabled = torch._C._set_grad_enabled  # torch.set_grad_enabled, without its object
 
 
 def _truth(value: Any) -> bool:
@@ -556,6 +671,48 @@ def _overflow(outs: Sequence[_Out]) -> ValueError:
     )
 
 
+def _mentions(meta: schema.Method, lists: dict[int, tuple[int, ...]]) -> collections.Counter[int]:
+    """How often each value is named: by instruction arguments (list items included), as a
+    method output (twice: never "unread") or as the base of a view (likewise)."""
+    counts: collections.Counter[int] = collections.Counter()
+
+    def name(index: int, times: int = 1) -> None:
+        counts[index] += times
+        for item in lists.get(index, ()):
+            counts[item] += times
+
+    for ins in meta.instructions:
+        match ins:
+            case schema.KernelCall(args=args) | schema.DelegateCall(args=args):
+                for i in args:
+                    name(i)
+                for i in getattr(ins, "outputs", ()):
+                    name(i)
+            case schema.MoveCall(src=src, dst=dst):
+                name(src, 2)
+                name(dst)
+            case schema.JumpFalseCall(cond_value=cond):
+                name(cond, 2)
+            case schema.FreeCall(value=v):
+                name(v)
+    for i in meta.outputs:
+        name(i, 2)
+    for v in meta.values:
+        if isinstance(v, schema.Tensor) and isinstance(v.storage, schema.ViewOf):
+            name(v.storage.base, 2)
+    return counts
+
+
+def _kernel_error(exc: Exception, outs: Sequence[_Out]) -> Exception:
+    """A kernel's exception as the runtime reports it (planned tensors have fixed-size storage:
+    "not resizable" means a result outgrew its plan)."""
+    if isinstance(exc, RuntimeError) and "not resizable" in str(exc):
+        error = _overflow(outs)
+        error.__cause__ = exc
+        return error
+    return exc
+
+
 def _kernel_step(
     method: Method,
     pc: int,
@@ -564,64 +721,50 @@ def _kernel_step(
     outs: tuple[_Out, ...],
     result: int | None,
     result_out: tuple[_Out, ...],
-) -> Step:
-    """The step running one kernel: resolve arguments (once, if none ever changes), reset
-    dynamic outputs to zero elements (ATen then resizes them without a warning), call, check
-    that every output has the shape the plan gave it and stayed within its planned bytes."""
+) -> tuple[Step, Callable[[], object]]:
+    """The checked step running one kernel, and the bare call for the trusted loop.
+
+    The kernel is bound once (:meth:`Kernel.bind`) to every argument that never changes; the
+    ones that do (inputs, their views, scalar results) are passed per call. The step resets
+    dynamic outputs to zero elements (ATen then resizes them without a warning), calls, checks
+    that every output has the shape the plan gave it and stayed within its planned bytes, and
+    stores a returned value. The bare call only calls (on the method's frame).
+    """
     nxt = pc + 1
-    fn = kernel.fn
     converters = dict(kernel.converters)
-    fixed = [method._fixed(i) for i in operands]
-    changing = [(p, converters.get(p)) for p, i in enumerate(operands) if method._changing(i)]
+    args = [method._fixed(i) for i in operands]
     for p, convert in converters.items():
-        if p < len(fixed):
-            fixed[p] = convert(fixed[p])
-    static_args = fixed if not changing else None
-    resolve = method._resolve
+        if p < len(args):
+            args[p] = convert(args[p])
+    changing = [p for p, i in enumerate(operands) if method._changing(i)]
+    for p in changing:  # what the calls will pass, for the binder to pick its entry
+        args[p] = method._sample(operands[p])
+    unread = [p for p in kernel.writes if method._unread(operands[p])]
+    bound = kernel.bind(args, changing, unread)
+    invoke = _invoker(method, bound, operands, changing, converters)
+    reads = tuple(operands[p] for p in changing)  # plain values, when invoke is None
+    call = _frame_call(bound, method._frame, reads) if invoke is None else functools.partial(
+        invoke, method._frame
+    )
     # outputs that are caller inputs (tensor None) are the caller's business: not checked
     dynamic_outs = tuple(o for o in outs if o.dynamic and o.tensor is not None)
     static_outs = tuple(
         (o.tensor, torch.Size(o.sizes), o) for o in outs if not o.dynamic and o.tensor is not None
     )
 
-    def args_of(values: list[Any]) -> list[Any]:
-        args = fixed.copy()
-        for p, convert in changing:
-            got = resolve(values, operands[p])
-            args[p] = convert(got) if convert is not None else got
-        return args
-
-    bound = kernel.bind(static_args) if static_args is not None else None
-
-    if bound is not None and not dynamic_outs and result is None and len(static_outs) == 1:
-        # the common case (an out kernel, arguments fixed, one planned out): nothing to resolve
-        (out_tensor, out_size, out), = static_outs
-
-        def single(values: list[Any]) -> int:
-            try:
-                bound()
-            except RuntimeError as exc:  # planned tensors have fixed-size storage
-                if "not resizable" in str(exc):
-                    raise _overflow(outs) from exc
-                raise
-            if out_tensor.shape != out_size and out_tensor.numel() != 0:
-                raise ValueError(
-                    f"kernel resized value {out.value} to {tuple(out_tensor.shape)}; the plan "
-                    f"gives it {out.sizes}"
-                )
-            return nxt
-
-        return single
-
     def step(values: list[Any]) -> int:
         for o in dynamic_outs:
             o.tensor.resize_(0)
         try:
-            returned = bound() if bound is not None else fn(args_of(values))
-        except RuntimeError as exc:  # planned tensors have fixed-size storage
-            if "not resizable" in str(exc):
-                raise _overflow(outs) from exc
-            raise
+            if invoke is not None:
+                returned = invoke(values)
+            else:
+                returned = bound(*[values[i] for i in reads])
+        except Exception as exc:
+            error = _kernel_error(exc, outs)
+            if error is exc:
+                raise
+            raise error from exc
         for tensor, size, o in static_outs:
             # emptying an out is harmless (batch norm's unused save_mean / save_invstd)
             if tensor.shape != size and tensor.numel() != 0:
@@ -638,7 +781,45 @@ def _kernel_step(
                 values[result] = returned
         return nxt
 
-    return step
+    return step, call
+
+
+def _frame_call(
+    bound: Callable[..., object], frame: list[Any], reads: tuple[int, ...]
+) -> Callable[[], object]:
+    """``bound`` called with the values at ``reads`` in ``frame``, as they are when called."""
+    match reads:
+        case ():
+            return bound
+        case (i,):
+            return lambda: bound(frame[i])
+        case (i, j):
+            return lambda: bound(frame[i], frame[j])
+    return lambda: bound(*[frame[i] for i in reads])
+
+
+def _invoker(
+    method: Method,
+    bound: Callable[..., object],
+    operands: tuple[int, ...],
+    changing: list[int],
+    converters: dict[int, Any],
+) -> Callable[[list[Any]], object] | None:
+    """``bound`` called with the changing arguments read from ``values``; ``None`` when they
+    are plain values (no list, no conversion: the callers read them themselves, faster)."""
+    if all(p not in converters and operands[p] not in method._lists for p in changing):
+        return None
+    resolve = method._resolve
+    reads = [(operands[p], converters.get(p)) for p in changing]
+
+    def invoke(values: list[Any]) -> object:
+        given = []
+        for index, convert in reads:
+            value = resolve(values, index)
+            given.append(value if convert is None else convert(value))
+        return bound(*given)
+
+    return invoke
 
 
 def _check_tensor_input(label: str, v: schema.Tensor, given: Any) -> torch.Tensor:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 _SEQUENCES = {"builtins.tuple": tuple, "builtins.list": list, "collections.namedtuple": tuple}
@@ -103,6 +103,28 @@ def unflatten(spec: Spec, leaves: Sequence[object]) -> object:
     return _build(spec, it)
 
 
+def rebuilder(spec: Spec) -> Callable[[Sequence[object]], object]:
+    """``unflatten(spec, ·)`` compiled once (``spec.rebuildable``): the runtime rebuilds a
+    method's outputs on every call."""
+    if spec.kind in _SEQUENCES and all(c.kind is None for c in spec.children):
+        return _SEQUENCES[spec.kind]  # a tuple or list of leaves
+    build = _compile_build(spec)
+    return lambda leaves: build(iter(leaves))
+
+
+def _compile_build(spec: Spec) -> Callable[[Iterator[object]], object]:
+    if spec.kind is None:
+        return next
+    if spec.kind == "builtins.NoneType":
+        return lambda it: None
+    children = tuple(_compile_build(c) for c in spec.children)
+    if spec.kind in _MAPPINGS:
+        make, keys = _MAPPINGS[spec.kind], spec.keys
+        return lambda it: make(zip(keys, [child(it) for child in children]))
+    make = _SEQUENCES[spec.kind]
+    return lambda it: make([child(it) for child in children])
+
+
 def _build(spec: Spec, it) -> object:
     if spec.kind is None:
         return next(it)
@@ -139,3 +161,69 @@ def _walk(spec: Spec, obj: object, out: list[object]) -> bool:
     if not all(isinstance(k, str) and hasattr(obj, k) for k in spec.keys):
         return False
     return all(_walk(c, getattr(obj, k), out) for k, c in zip(spec.keys, spec.children))
+
+
+Walk = Callable[[object, list[object]], bool]
+
+
+def flattener(spec: Spec) -> Callable[[object], list[object] | None]:
+    """``flatten(spec, ·)`` compiled once: the same answers, without re-reading ``spec`` on
+    every call (the runtime flattens a method's inputs on every call)."""
+    walk = _compile(spec)
+
+    def run(obj: object) -> list[object] | None:
+        out: list[object] = []
+        return out if walk(obj, out) else None
+
+    return run
+
+
+def _compile(spec: Spec) -> Walk:
+    if spec.kind is None:
+
+        def leaf(obj: object, out: list[object]) -> bool:
+            out.append(obj)
+            return True
+
+        return leaf
+    if spec.kind == "builtins.NoneType":
+        return lambda obj, out: obj is None
+    children = tuple(_compile(c) for c in spec.children)
+    if spec.kind in _MAPPINGS:
+        return _compile_mapping(spec, children)
+    count = len(children)
+    attributes = () if spec.kind in _SEQUENCES else spec.keys
+    named = bool(attributes) and all(isinstance(k, str) for k in attributes)
+    all_leaves = all(c.kind is None for c in spec.children)
+
+    def sequence(obj: object, out: list[object]) -> bool:
+        if isinstance(obj, (tuple, list)):
+            if len(obj) != count:
+                return False
+            if all_leaves:
+                out.extend(obj)
+                return True
+            for walk, item in zip(children, obj):  # loops, not all(...): this runs per call
+                if not walk(item, out):
+                    return False
+            return True
+        if not named or not all(hasattr(obj, k) for k in attributes):
+            return False
+        return all(walk(getattr(obj, k), out) for k, walk in zip(attributes, children))
+
+    return sequence
+
+
+def _compile_mapping(spec: Spec, children: tuple[Walk, ...]) -> Walk:
+    keys = set(spec.keys)
+    pairs = tuple(zip(spec.keys, children))
+
+    def mapping(obj: object, out: list[object]) -> bool:
+        if not isinstance(obj, dict) or obj.keys() != keys:
+            return False
+        for k, walk in pairs:
+            if not walk(obj[k], out):
+                return False
+        return True
+
+    return mapping

@@ -1,0 +1,171 @@
+"""The execution model: the first run of a method checks every kernel's outputs against the plan,
+later runs call the kernels bare (verify once, then trust) wherever shapes cannot vary; a failure
+still names the instruction and sends the next run back through the checks; the method's value
+frame keeps nothing of a call once it returns."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+from runtime_programs import MethodBuilder, add_mul_builder, program_of
+
+from exportir.program import schema
+from exportir.runtime import MethodInputError, Program, RuntimeFailure, default_kernel_registry
+
+
+def _relu_method(kernels=None, sizes=(2, 3)):
+    b = MethodBuilder()
+    x = b.input("x", sizes)
+    out = b.planned(sizes)
+    b.kernel("aten::relu", "out", (x, out), "relu", "m.py:5")
+    b.outputs.append(out)
+    return Program.from_schema(program_of(b), kernels=kernels).method()
+
+
+def _flaky_relu(fail_on: set[int], resize_first: bool = False):
+    """A relu.out kernel that raises on the given call numbers (1-based)."""
+    calls = []
+    kernels = default_kernel_registry()
+
+    def relu(x, out):
+        calls.append(1)
+        if len(calls) in fail_on:
+            if resize_first:
+                out.resize_(1)
+            raise ValueError(f"flaky on call {len(calls)}")
+        torch.clamp_min(x, 0, out=out)
+
+    kernels.register_function("aten::relu.out", relu, arity=2, writes=(1,))
+    return kernels
+
+
+def test_first_run_is_checked_later_runs_are_trusted():
+    method = Program.from_schema(program_of(add_mul_builder())).method()
+    assert not method._verified
+    x, y = torch.randn(2, 3), torch.randn(2, 3)
+    (first,) = method(x, y)
+    assert method._verified
+    for _ in range(3):
+        x, y = torch.randn(2, 3), torch.randn(2, 3)
+        (got,) = method(x, y)
+        assert torch.equal(got, (x + y) * 2)
+    assert torch.equal(first, first.clone())  # earlier results are untouched copies
+
+
+def test_a_failure_on_a_trusted_run_names_the_instruction_and_rechecks():
+    method = _relu_method(_flaky_relu({3}))
+    x = torch.tensor([[-1.0, 2.0, 3.0], [4.0, -5.0, 6.0]])
+    method(x)
+    method(x)
+    assert method._verified
+    with pytest.raises(RuntimeFailure) as info:
+        method(x)
+    err = info.value
+    assert (err.instruction, err.op, err.node, err.source) == (0, "aten::relu.out", "relu",
+                                                              "m.py:5")
+    assert "ValueError: flaky on call 3" in str(err)
+    assert isinstance(err.__cause__, ValueError)
+    assert not method._verified  # the next run is checked again
+    assert torch.equal(method(x)[0], x.clamp_min(0))
+    assert method._verified
+
+
+def test_a_trusted_failure_restores_planned_layouts():
+    method = _relu_method(_flaky_relu({2}, resize_first=True))
+    x = torch.randn(2, 3)
+    method(x)
+    with pytest.raises(RuntimeFailure, match="flaky on call 2"):
+        method(x)
+    assert method(x)[0].shape == (2, 3)
+
+
+def test_a_kernel_resizing_its_out_on_the_first_run_is_caught_and_never_trusted():
+    kernels = default_kernel_registry()
+    kernels.register_function(
+        "aten::relu.out", lambda x, out: torch.clamp_min(x.t(), 0, out=out), arity=2,
+        writes=(1,),
+    )
+    method = _relu_method(kernels)
+    for _ in range(2):
+        with pytest.raises(RuntimeFailure, match=r"resized value 1 to \(3, 2\)"):
+            method(torch.randn(2, 3))
+        assert not method._verified
+
+
+def test_instructions_on_dynamic_shapes_stay_checked_after_verification():
+    b = MethodBuilder()
+    x = b.input("x", (4,), dynamic=True)
+    out = b.planned((4,), dynamic=True)
+    b.kernel("aten::relu", "out", (x, out), "relu", "m.py:9")
+    b.outputs.append(out)
+    method = Program.from_schema(program_of(b)).method()
+    assert 0 not in method._trusted
+    method(torch.ones(2))
+    assert method._verified
+    with pytest.raises(RuntimeFailure, match="needs more memory than the plan gives it"):
+        method(torch.ones(6))
+    assert method(torch.ones(3))[0].shape == (3,)
+
+
+def test_the_frame_keeps_no_input_after_a_call():
+    method = Program.from_schema(program_of(add_mul_builder())).method()
+    x, y = torch.randn(2, 3), torch.randn(2, 3)
+    method(x, y)
+    method(x, y)  # trusted
+    ref = weakref.ref(x)
+    del x
+    gc.collect()
+    assert ref() is None
+    assert all(v is None for v in (method._frame[i] for i in method.meta.inputs))
+
+
+def test_an_input_error_leaves_the_frame_clean():
+    method = Program.from_schema(program_of(add_mul_builder())).method()
+    with pytest.raises(MethodInputError):
+        method(torch.randn(2, 3), "not a tensor")
+    assert method._frame[method.meta.inputs[0]] is None
+    assert torch.equal(method(torch.ones(2, 3), torch.ones(2, 3))[0], torch.full((2, 3), 4.0))
+
+
+def _layer_norm_method(read_mean: bool):
+    b = MethodBuilder()
+    x = b.input("x", (2, 3, 8))
+    w, bias = b.constant(torch.randn(8)), b.constant(torch.randn(8))
+    shape, eps = b.add(schema.IntList((b.add(schema.Int(8)),))), b.add(schema.Double(1e-5))
+    out0, out1, out2 = b.planned((2, 3, 8)), b.planned((2, 3, 1)), b.planned((2, 3, 1))
+    b.kernel("aten::native_layer_norm", "out", (x, shape, w, bias, eps, out0, out1, out2),
+             "layer_norm", "m.py:3")
+    b.outputs += [out0, out1] if read_mean else [out0]
+    return b, (w, bias, out0, out1, out2)
+
+
+@pytest.mark.parametrize("read_mean", [False, True])
+def test_outs_nobody_reads_may_stay_unwritten(read_mean):
+    b, (w, bias, out0, out1, out2) = _layer_norm_method(read_mean)
+    method = Program.from_schema(program_of(b)).method()
+    assert not method._unread(out0) and method._unread(out2)
+    assert method._unread(out1) is not read_mean
+    x = torch.randn(2, 3, 8)
+    for _ in range(2):  # checked, then trusted
+        got = method(x)
+        want = torch.native_layer_norm(x, [8], method._template[w], method._template[bias], 1e-5)
+        assert torch.equal(got[0], want[0])
+        if read_mean:
+            assert torch.equal(got[1], want[1])
+
+
+def test_changing_arguments_of_every_position_are_read_per_call():
+    b = MethodBuilder()
+    x = b.input("x", (3,))
+    y = b.input("y", (2, 3))
+    one = b.add(schema.Int(1))
+    out = b.planned((2, 3))
+    b.kernel("aten::sub", "out", (y, x, one, out), "sub", "m.py:1")  # changing at (0, 1)
+    b.outputs.append(out)
+    method = Program.from_schema(program_of(b)).method()
+    for _ in range(3):
+        x, y = torch.randn(3), torch.randn(2, 3)
+        assert torch.equal(method(x, y)[0], y - x)

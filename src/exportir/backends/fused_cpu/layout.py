@@ -4,8 +4,11 @@ the Python call per op, not data movement).
 - a ``view`` / ``expand`` to the same shape and an identity ``permute`` are dropped;
 - chains of ``view`` / ``squeeze`` / ``unsqueeze`` collapse into one ``view``, chains of
   ``permute`` into one ``permute``;
-- a chain of ``permute`` s mixed with ops that only insert or remove size-1 dims (``squeeze``,
-  ``unsqueeze``, such ``view`` s) becomes at most one ``permute`` and one ``view``;
+- a chain of ``permute`` s and reshapes (``view``, ``squeeze``, ``unsqueeze``) becomes at most
+  ``view``, ``permute``, ``view`` when that is fewer ops: the chain is followed on the finest
+  pieces of the source's dims it moves whole (a reshape to ``[L, N * H, d]`` and a transpose
+  become one reshape to ``[L, N, H, d]`` and one permute);
+- a ``clone`` only view-like ops read is dropped;
 - ``squeeze(slice(x, d, i, i + 1), [d])`` becomes ``select(x, d, i)``, and ``select`` s taking
   every index of one dim of ``x`` become one ``unbind(x, d)``.
 
@@ -60,6 +63,23 @@ def permute(g: Graph, op: Op) -> bool:
     return True
 
 
+_VIEW_READERS = frozenset({*_CHAIN, _SELECT, "aten.unbind_copy.int", "aten.slice_copy.Tensor",
+                           "aten.split_with_sizes_copy.default", "aten.expand_copy.default"})  # fmt: skip
+
+
+def clone(g: Graph, op: Op) -> bool:
+    """A ``clone`` read only by view-like ops is dropped: they take any strides (a ``view`` that
+    cannot view copies), so copying first buys nothing."""
+    if op.kwargs.get("memory_format") not in (None, torch.contiguous_format):
+        return False
+    readers = g.readers(op.out)
+    if not readers or any(o is op.out for o in g.outputs):
+        return False
+    if any(r.name not in _VIEW_READERS for r in readers):
+        return False
+    return g.alias(op, op.args[0])
+
+
 def expand(g: Graph, op: Op) -> bool:
     x = op.args[0]
     if static_shape(x) is not None and static_shape(x) == static_shape(op.out):
@@ -67,7 +87,55 @@ def expand(g: Graph, op: Op) -> bool:
     return False
 
 
-# ------------------------------------------------------------------------------ permute chains
+# ------------------------------------------------------------------------------ view chains
+
+
+class _Atoms:
+    """A chain of reshapes and permutes followed on *atoms*: the finest pieces of the source's
+    dims the chain moves as a whole. Every value of the chain is a list of dims, each a list of
+    atoms in row-major order; a reshape that cuts an atom splits it everywhere."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.size: list[int] = []
+        self.source = [[self._new(s)] if s != 1 else [] for s in shape]
+
+    def _new(self, size: int) -> int:
+        self.size.append(size)
+        return len(self.size) - 1
+
+    def _split(self, atom: int, outer: int, lists: list[list[int]]) -> None:
+        inner = self._new(self.size[atom] // outer)
+        self.size[atom] = outer
+        for seq in lists:
+            for i in range(len(seq) - 1, -1, -1):
+                if seq[i] == atom:
+                    seq.insert(i + 1, inner)
+
+    def reshape(self, dims: list[list[int]], target: tuple[int, ...]) -> list[list[int]] | None:
+        seq = [a for d in dims for a in d]
+        out: list[list[int]] = []
+        i = 0
+        for t in target:
+            group: list[int] = []
+            have = 1
+            while have < t:
+                if i >= len(seq):
+                    return None
+                size = self.size[seq[i]]
+                if t % (have * size) == 0:
+                    group.append(seq[i])
+                    have *= size
+                    i += 1
+                    continue
+                need = t // have
+                if t % have or size % need:
+                    return None
+                self._split(seq[i], need, [seq, *self.source, *dims, *out, group])
+                group.append(seq[i])
+                have *= need
+                i += 1
+            out.append(group)
+        return out if i == len(seq) else None
 
 
 def _dims(op: Op, rank: int) -> list[int]:
@@ -76,44 +144,35 @@ def _dims(op: Op, rank: int) -> list[int]:
     return [d + rank if d < 0 else d for d in dims]
 
 
-def _track(op: Op, labels: list[Any], shape: tuple[int, ...]) -> list[Any] | None:
-    """``labels`` (source dim per dim, None for a size-1 dim) after ``op``; None when ``op``
-    moves data between dims (a ``view`` merging or splitting dims)."""
-    out = static_shape(op.out)
-    if out is None:
-        return None
-    if op.name == _PERMUTE:
-        return [labels[d] for d in _dims(op, len(labels))]
-    if op.name == _UNSQUEEZE:
-        (d,) = _dims(op, len(labels) + 1)
-        return [*labels[:d], None, *labels[d:]]
-    if op.name in _SQUEEZES:
-        gone = {d for d in _dims(op, len(labels)) if shape[d] == 1}
-        return [label for i, label in enumerate(labels) if i not in gone]
-    if [s for s in shape if s != 1] != [s for s in out if s != 1]:
-        return None  # a view that is more than inserting / removing size-1 dims
-    data = iter(label for label in labels if label is not None)
-    return [next(data) if s != 1 else None for s in out]
-
-
-def _replacement(x: Value, chain: list[Op]) -> tuple[list[int], tuple[int, ...]] | None:
-    """``(perm, shape)``: ``chain`` applied to ``x`` is ``view(permute(x, perm), shape)``."""
+def _replacement(x: Value, chain: list[Op]) -> tuple[tuple, list[int], tuple] | None:
+    """``(shape1, perm, shape2)``: ``chain`` applied to ``x`` is
+    ``view(permute(view(x, shape1), perm), shape2)``."""
     x_shape = static_shape(x)
-    if x_shape is None:
+    if x_shape is None or 0 in x_shape:
         return None
-    labels: list[Any] | None = [i if s != 1 else None for i, s in enumerate(x_shape)]
-    shape = x_shape
+    atoms = _Atoms(x_shape)
+    dims: list[list[int]] | None = [list(d) for d in atoms.source]
     for op in chain:
-        labels = _track(op, labels, shape)
-        if labels is None:
+        out = static_shape(op.out)
+        if out is None or dims is None:
             return None
-        shape = static_shape(op.out)
-    order = [label for label in labels if label is not None]
-    perm = order + [i for i, s in enumerate(x_shape) if s == 1]
-    return perm, shape
+        if op.name == _PERMUTE:
+            if len(dims) != len(out):
+                return None
+            dims = [dims[d] for d in _dims(op, len(dims))]
+        else:
+            dims = atoms.reshape(dims, out)
+    if dims is None:
+        return None
+    order = [a for d in atoms.source for a in d]
+    final = [a for d in dims for a in d]
+    perm = [order.index(a) for a in final]
+    return tuple(atoms.size[a] for a in order), perm, static_shape(chain[-1].out)
 
 
-def permute_chain(g: Graph, op: Op) -> bool:
+def view_chain(g: Graph, op: Op) -> bool:
+    """A chain of ``permute`` / ``view`` / ``squeeze`` / ``unsqueeze`` becomes at most a
+    ``view``, a ``permute`` and a ``view`` when that is fewer ops."""
     chain = [op]
     while len(chain) < _MAX_CHAIN:
         inner = g.producer(chain[-1].args[0])
@@ -123,34 +182,35 @@ def permute_chain(g: Graph, op: Op) -> bool:
     chain.reverse()
     for start in range(len(chain) - 1):
         part = chain[start:]
-        if not any(c.name == _PERMUTE for c in part):
-            return False
         found = _replacement(part[0].args[0], part)
         if found is not None:
             return _rewrite_chain(g, op, part, *found)
     return False
 
 
-def _rewrite_chain(g: Graph, op: Op, part: list[Op], perm: list[int], shape: tuple) -> bool:
+def _rewrite_chain(g: Graph, op: Op, part: list[Op], shape1: tuple, perm: list[int],
+                   shape2: tuple) -> bool:  # fmt: skip
     x = part[0].args[0]
-    moved = list(perm) != list(range(len(perm)))
-    permuted = tuple(static_shape(x)[d] for d in perm)
-    reshaped = permuted != shape
-    if moved + reshaped >= len(part):
+    steps: list[tuple[str, list]] = []
+    if shape1 != static_shape(x):
+        steps.append((_VIEW, list(shape1)))
+    if perm != list(range(len(perm))):
+        steps.append((_PERMUTE, perm))
+    if tuple(shape1[d] for d in perm) != shape2 or (not steps and shape2 != static_shape(x)):
+        steps.append((_VIEW, list(shape2)))
+    if len(steps) >= len(part):
         return False
-    nodes = tuple(n for c in part for n in c.nodes)
-    if not moved and not reshaped:
+    if not steps:
         return g.alias(op, x)
+    nodes = tuple(n for c in part for n in c.nodes)
     source = x
-    if moved and reshaped:
-        meta = torch.empty(permuted, dtype=x.dtype, device="meta")
-        source = Value(meta, name=f"{op.out.name}_permuted")
-        g.insert_before(op, Op(_PERMUTE, [x, perm], {}, [source], False, nodes))
-    op.kwargs, op.nodes = {}, nodes
-    if reshaped:
-        op.name, op.args = _VIEW, [source, list(shape)]
-    else:
-        op.name, op.args = _PERMUTE, [x, perm]
+    for name, arg in steps[:-1]:
+        shape = list(shape1) if name == _VIEW else [shape1[d] for d in perm]
+        meta = torch.empty(shape, dtype=x.dtype, device="meta")
+        value = Value(meta, name=f"{op.out.name}_{len(nodes)}")
+        g.insert_before(op, Op(name, [source, arg], {}, [value], False, nodes))
+        source = value
+    op.name, op.args, op.kwargs, op.nodes = steps[-1][0], [source, steps[-1][1]], {}, nodes
     g.changed()
     return True
 
@@ -210,11 +270,12 @@ def unbind(g: Graph, op: Op) -> bool:
 
 
 LAYOUT_RULES: dict[str, tuple[Callable[[Graph, Op], bool], ...]] = {
-    _VIEW: (view, permute_chain),
-    _PERMUTE: (permute, permute_chain),
+    _VIEW: (view, view_chain),
+    _PERMUTE: (permute, view_chain),
     "aten.expand_copy.default": (expand,),
-    _UNSQUEEZE: (permute_chain,),
-    "aten.squeeze_copy.dims": (select, permute_chain),
-    "aten.squeeze_copy.dim": (select, permute_chain),
+    _UNSQUEEZE: (view_chain,),
+    "aten.squeeze_copy.dims": (select, view_chain),
+    "aten.squeeze_copy.dim": (select, view_chain),
     _SELECT: (unbind,),
+    "aten.clone.default": (clone,),
 }

@@ -5,8 +5,9 @@ elementwise math, activations, softmax, layer/group/batch norm (also training-mo
 linear algebra, convolution, pooling, upsampling, attention, embedding and indexing, factories
 and copy-semantics layout ops), every tensor it reads and writes is a concrete tensor value, and
 its other arguments can be stored in the blob (no symbolic sizes). Claimed nodes are grouped
-into cycle-free partitions (:func:`exportir.passes.partition.propose_partitions`); partitions
-made only of layout ops are left to the runtime (fusing them gains nothing).
+into cycle-free partitions (:func:`exportir.passes.partition.propose_partitions`), merged further
+whenever that makes no cycle (independent branches become one delegate call); partitions made
+only of layout ops are left to the runtime (fusing them gains nothing).
 
 ``ops_to_not_decompose`` asks ``to_edge_transform_and_lower`` to keep
 ``aten._scaled_dot_product_flash_attention_for_cpu`` whole (the backend runs the fused kernel;
@@ -119,7 +120,7 @@ class FusedCpuPartitioner(Partitioner):
         graph = exported_program.graph
         parts = [
             p
-            for p in propose_partitions(graph, self.is_supported)
+            for p in _merge_independent(graph, propose_partitions(graph, self.is_supported))
             if any(
                 op_name(n.target) not in LAYOUT_OPS for n in p if n.target is not operator.getitem
             )
@@ -147,6 +148,39 @@ class FusedCpuPartitioner(Partitioner):
                 continue
             if folded is None or node in folded:
                 node.meta[DELEGATION_TAG] = tags.pop()
+
+
+def _merge_independent(graph: Any, parts: list[list[Node]]) -> list[list[Node]]:
+    """Partitions merged whenever no path leaves one and enters the other (one delegate call
+    instead of several; independent branches of a model become one partition)."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    groups: list[set[Node]] = []
+    for part in parts:
+        for group in groups:
+            if not _leaves_and_returns(group | set(part), order):
+                group.update(part)
+                break
+        else:
+            groups.append(set(part))
+    return sorted((sorted(g, key=order.__getitem__) for g in groups), key=lambda p: order[p[0]])
+
+
+def _leaves_and_returns(members: set[Node], order: dict[Node, int]) -> bool:
+    """Whether a path leaves ``members`` and comes back (fusing them would make a cycle)."""
+    last = max(order[n] for n in members)
+    seen: set[Node] = set()
+    stack = [u for m in members for u in m.users if u not in members and order[u] < last]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        for user in node.users:
+            if user in members:
+                return True
+            if order[user] < last:
+                stack.append(user)
+    return False
 
 
 def _tag(node: Node) -> Any:

@@ -6,6 +6,8 @@ keeps the values the delegate computes (up to float rounding where noted):
 
 - ``linear``: ``addmm(b, view(x), permute(W, [1, 0]))`` (and ``mm``), with the ``view`` back to
   ``x``'s leading dims, becomes ``linear(x, W, b)``: one call, no transposed weight;
+- permutes keeping the last dim move across a ``linear`` to join the layout ops on the other
+  side; ``view(linear(view(x, [M, K])), S + [N])`` becomes ``linear(view(x, S + [K]))``;
 - ``matmul``: the decomposition of a batched matmul, ``view(bmm(view(expand(a)),
   view(expand(b))))`` with optional ``clone`` s, becomes ``matmul(a, b)``;
 - ``conv_bn``: ``_native_batch_norm_legit_no_training`` of a ``convolution`` it alone reads,
@@ -160,6 +162,81 @@ def linear_bias(g: Graph, op: Op) -> bool:
 # ------------------------------------------------------------------------------ conv + batch norm
 
 
+_LAYOUT_CHAIN = frozenset({"aten.permute_copy.default", "aten.view_copy.default",
+                           "aten.unsqueeze_copy.default", "aten.squeeze_copy.dims",
+                           "aten.squeeze_copy.dim"})  # fmt: skip
+
+
+def _keeps_last(perm: Any) -> bool:
+    return list(perm)[-1] == len(perm) - 1
+
+
+def _is_chain_op(op: Op | None) -> bool:
+    return op is not None and op.name in _LAYOUT_CHAIN
+
+
+def permute_after_linear(g: Graph, op: Op) -> bool:
+    """``linear(permute(x, p))`` is ``permute(linear(x), p)`` when ``p`` keeps the last dim;
+    moved when layout ops read the result (the permute joins them)."""
+    t = g.producer(op.args[0], "aten.permute_copy.default")
+    reader = g.only_reader(op.out)
+    if t is None or g.only_reader(op.args[0]) is not op or not _is_chain_op(reader):
+        return False
+    x, perm = t.args
+    x_shape, out = static_shape(x), static_shape(op.out)
+    if x_shape is None or out is None or not _keeps_last(perm):
+        return False
+    meta = torch.empty((*x_shape[:-1], out[-1]), dtype=op.out.dtype, device="meta")
+    inner = Value(meta, name=f"{op.out.name}_unpermuted")
+    g.insert_before(op, Op(op.name, [x, *op.args[1:]], dict(op.kwargs), [inner], False, op.nodes))
+    g.remove(t)
+    op.name, op.args, op.kwargs, op.nodes = "aten.permute_copy.default", [inner, perm], {}, t.nodes
+    g.changed()
+    return True
+
+
+def permute_before_linear(g: Graph, op: Op) -> bool:
+    """``permute(linear(y), p)`` is ``linear(permute(y, p))`` when ``p`` keeps the last dim;
+    moved when ``y`` comes from layout ops (the permute joins them) and no layout op reads the
+    result (else :func:`permute_after_linear` is the better move)."""
+    x, perm = op.args
+    lin = g.producer(x, "aten.linear.default")
+    if lin is None or g.only_reader(x) is not op or not _keeps_last(perm):
+        return False
+    y = lin.args[0]
+    if not _is_chain_op(g.producer(y)) or any(_is_chain_op(r) for r in g.readers(op.out)):
+        return False
+    y_shape = static_shape(y)
+    if y_shape is None:
+        return False
+    meta = torch.empty([y_shape[d] for d in perm], dtype=y.dtype, device="meta")
+    moved = Value(meta, name=f"{op.out.name}_input")
+    g.insert_before(lin, Op(op.name, [y, list(perm)], {}, [moved], False, op.nodes))
+    lin.args = [moved, *lin.args[1:]]
+    g.absorb(lin, op)
+    return True
+
+
+def linear_unflatten(g: Graph, op: Op) -> bool:
+    """``view(linear(view(x, [M, K])), S + [N])`` is ``linear(view(x, S + [K]))``."""
+    flat = g.producer(op.args[0], "aten.view_copy.default")
+    back = g.only_reader(op.out)
+    if flat is None or back is None or back.name != "aten.view_copy.default":
+        return False
+    shape, out = static_shape(op.args[0]), static_shape(back.out)
+    if shape is None or out is None or len(shape) != 2 or len(out) < 2:
+        return False
+    if math.prod(out[:-1]) != shape[0] or out[-1] != static_shape(op.out)[-1]:
+        return False
+    target = [*out[:-1], shape[1]]
+    meta = torch.empty(target, dtype=op.args[0].dtype, device="meta")
+    unflat = Value(meta, name=f"{op.out.name}_input")
+    g.insert_before(op, Op(flat.name, [flat.args[0], target], {}, [unflat], False, flat.nodes))
+    op.args = [unflat, *op.args[1:]]
+    g.absorb(op, back)
+    return True
+
+
 def _known(v: Any) -> torch.Tensor | None:
     return v.const if isinstance(v, Value) else None
 
@@ -207,9 +284,15 @@ RULES: dict[str, tuple[Rule, ...]] = {
     "aten.bmm.default": (matmul,),
     "aten.matmul.default": (matmul_linear,),
     "aten.add.Tensor": (linear_bias,),
+    "aten.linear.default": (permute_after_linear, linear_unflatten),
     "aten._native_batch_norm_legit_no_training.default": (conv_bn,),
     "aten.max_pool2d_with_indices.default": (max_pool2d,),
     **LAYOUT_RULES,
+    # before the permute joins the layout ops before it, see whether it can cross a linear
+    "aten.permute_copy.default": (
+        permute_before_linear,
+        *LAYOUT_RULES["aten.permute_copy.default"],
+    ),
 }
 
 

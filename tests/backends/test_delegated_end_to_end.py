@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from corpus.export_models import BY_NAME, build
+from corpus.export_models import BY_NAME, ENTRIES, build
 
 from exportir import pytree
 from exportir.backends.fused_cpu import FusedCpuPartitioner
@@ -15,6 +15,7 @@ from exportir.dialects.backend import executorch_call_delegate
 from exportir.export import export
 from exportir.program import schema
 from exportir.program.manager import to_edge
+from exportir.program.transform_and_lower import to_edge_transform_and_lower
 from exportir.runtime import (
     DelegateRegistry,
     MissingBackendError,
@@ -92,3 +93,28 @@ def test_missing_backend_at_load_names_the_way_out():
     Program.load(data.buffer).method("forward")(*args, **kwargs)
     with pytest.raises(MissingBackendError, match=f"{BACKEND_ID}.*default registry"):
         Program.load(data.buffer, delegates=DelegateRegistry())  # a registry without it
+
+
+LATENCY_MODELS = sorted(e.name for e in ENTRIES if {"conv", "attention"} & set(e.tags))
+
+
+@pytest.mark.parametrize("name", LATENCY_MODELS)
+def test_conv_and_attention_models_are_one_delegate_call(name):
+    """to_edge_transform_and_lower with the fused partitioner: the whole model is one delegate
+    call (only state write-backs stay in the runtime), and it runs like eager."""
+    module, args, kwargs = build(BY_NAME[name])
+    edge = to_edge_transform_and_lower(
+        export(module, args, kwargs), partitioner=[FusedCpuPartitioner()]
+    )
+    manager = edge.to_program()
+    (method_schema,) = manager.program.methods
+    kinds = {type(i).__name__ for i in method_schema.instructions}
+    delegates = [i for i in method_schema.instructions if isinstance(i, schema.DelegateCall)]
+    assert len(delegates) == 1 and kinds <= {"DelegateCall", "MoveCall"}, kinds
+    method = Program.load(manager.buffer).method("forward")
+    eager, args_e, kwargs_e = build(BY_NAME[name])
+    _, args_rt, kwargs_rt = build(BY_NAME[name])
+    for _ in range(2):
+        with torch.no_grad():
+            expected = eager(*args_e, **kwargs_e)
+        _assert_same(method(*args_rt, **kwargs_rt), expected)

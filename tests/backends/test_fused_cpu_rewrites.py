@@ -278,3 +278,81 @@ def test_outputs_never_share_memory_with_inputs_or_constants():
     torch.testing.assert_close(edge.exported_program().module()(x)[1], model.table.view(2, 3))
     assert float(x.abs().max()) < 100
     assert isinstance(FusedCpuRuntime(), FusedCpuRuntime)
+
+
+# ------------------------------------------------------------------------------ layout, merging
+
+
+class MhaLayout(nn.Module):
+    """nn.MultiheadAttention's head split written out: reshape to [L, N * H, d], transpose,
+    reshape to [N, H, L, d] -- one reshape and one permute."""
+
+    def forward(self, x):  # x: [L, N, E]
+        q = x.contiguous().view(5, 2 * 2, 4).transpose(0, 1).view(2, 2, 5, 4)
+        return q * 2
+
+
+def test_view_chains_are_followed_on_atoms():
+    model = MhaLayout()
+    args = (torch.randn(5, 2, 8),)
+    edge = _lower(model, args)
+    ops = _ops(edge)
+    assert ops.count("aten.view_copy.default") + ops.count("aten.permute_copy.default") <= 2, ops
+    assert "aten.clone.default" not in ops
+    _check(model, args, edge)
+
+
+class ProjectHeads(nn.Module):
+    """batch_first transposes around projections (MultiheadAttention's in/out projections)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 8)
+
+    def forward(self, x):  # [N, L, E]
+        h = self.inp(x.transpose(0, 1)).view(5, 2, 2, 4).permute(1, 2, 0, 3)  # [N, H, L, d]
+        h = torch.tanh(h).permute(2, 0, 1, 3).reshape(10, 8)
+        return self.out(h).view(5, 2, 8).transpose(0, 1) + x
+
+
+def test_permutes_cross_linears_to_join_layout_ops():
+    model = ProjectHeads().eval()
+    args = (torch.randn(2, 5, 8),)
+    edge = _lower(model, args)
+    ops = _ops(edge)
+    layout = [o for o in ops if o in ("aten.view_copy.default", "aten.permute_copy.default")]
+    assert len(layout) <= 4, ops
+    _check(model, args, edge)
+
+
+class TwoBranches(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 4, 3)
+        self.b = nn.Linear(6, 6)
+
+    def forward(self, x, y):
+        return torch.relu(self.a(x)), torch.tanh(self.b(y))
+
+
+def test_independent_branches_are_one_delegate():
+    model = TwoBranches().eval()
+    args = (torch.randn(1, 3, 6, 6), torch.randn(2, 6))
+    edge = _lower(model, args)
+    assert len(_headers(edge)) == 1
+    _check(model, args, edge)
+
+
+def test_branches_joined_through_the_runtime_stay_apart():
+    class Through(nn.Module):
+        def forward(self, x):
+            a = torch.relu(x)
+            b = torch.round(a)  # not claimed: runs between the two partitions
+            return torch.tanh(b) + a
+
+    model = Through()
+    args = (torch.randn(3, 4),)
+    edge = _lower(model, args)
+    assert len(_headers(edge)) == 2
+    _check(model, args, edge)

@@ -213,6 +213,13 @@ def _header(blob: bytes | memoryview) -> tuple[dict[str, Any], memoryview]:
 def decode_blob(blob: bytes | memoryview) -> Blob:
     """Validate and decode a blob; raises :class:`FusedCpuBlobError` naming the bad field."""
     header, data = _header(blob)
+    try:
+        return _decode(header, data)
+    except RecursionError:
+        raise fail("header", "arguments nested too deeply") from None
+
+
+def _decode(header: dict[str, Any], data: memoryview) -> Blob:
     for key in _HEADER_KEYS:
         if key not in header:
             raise fail(key, "missing")

@@ -356,3 +356,15 @@ def test_branches_joined_through_the_runtime_stay_apart():
     edge = _lower(model, args)
     assert len(_headers(edge)) == 2
     _check(model, args, edge)
+
+
+def test_group_norm_and_silu_are_single_calls():
+    model = nn.Sequential(nn.Conv1d(4, 6, 1), nn.GroupNorm(2, 6), nn.SiLU()).eval()
+    args = (torch.randn(2, 4, 7),)
+    edge = _lower(model, args)
+    assert _ops(edge) == [
+        "aten.convolution.default",
+        "aten.group_norm.default",
+        "aten.silu.default",
+    ]
+    _check(model, args, edge)

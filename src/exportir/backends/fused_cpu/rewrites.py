@@ -13,7 +13,8 @@ keeps the values the delegate computes (up to float rounding where noted):
 - ``conv_bn``: ``_native_batch_norm_legit_no_training`` of a ``convolution`` it alone reads,
   all weights known, is folded into the convolution's weight and bias (computed in float64,
   rounded once);
-- ``max_pool2d``: ``max_pool2d_with_indices`` whose indices nobody reads becomes ``max_pool2d``;
+- ``max_pool2d``: ``max_pool2d_with_indices`` whose indices nobody reads becomes ``max_pool2d``,
+  likewise ``native_group_norm`` ``group_norm``; ``mul(x, sigmoid(x))`` becomes ``silu(x)``;
 - layout no-ops: a ``view``/``expand`` to the same shape, an identity ``permute`` are dropped;
   chains of ``view``/``squeeze``/``unsqueeze`` and of ``permute`` collapse into one op;
 - constant folding: an op whose inputs are all known (parameters handed to the backend, folded
@@ -270,6 +271,33 @@ def conv_bn(g: Graph, op: Op) -> bool:
     return True
 
 
+def silu(g: Graph, op: Op) -> bool:
+    """``mul(x, sigmoid(x))`` (either order) is ``silu(x)``."""
+    if op.kwargs or len(op.args) != 2 or not all(isinstance(a, Value) for a in op.args):
+        return False
+    for x, s in (op.args, op.args[::-1]):
+        sig = g.producer(s, "aten.sigmoid.default")
+        if sig is not None and sig.args[0] is x and g.only_reader(s) is op:
+            if static_shape(x) is None or static_shape(x) != static_shape(op.out):
+                continue
+            g.remove(sig)
+            op.name, op.args, op.nodes = "aten.silu.default", [x], (*sig.nodes, *op.nodes)
+            g.changed()
+            return True
+    return False
+
+
+def group_norm(g: Graph, op: Op) -> bool:
+    """``native_group_norm`` whose mean and rstd nobody reads is ``group_norm``."""
+    if not g.unread(op.outs[1:]) or op.kwargs:
+        return False
+    x, weight, bias, _n, _c, _hw, groups, eps = op.args
+    op.name, op.args = "aten.group_norm.default", [x, groups, weight, bias, eps]
+    op.outs, op.multi = op.outs[:1], False
+    g.changed()
+    return True
+
+
 def max_pool2d(g: Graph, op: Op) -> bool:
     if not g.unread(op.outs[1:]):
         return False
@@ -287,6 +315,8 @@ RULES: dict[str, tuple[Rule, ...]] = {
     "aten.linear.default": (permute_after_linear, linear_unflatten),
     "aten._native_batch_norm_legit_no_training.default": (conv_bn,),
     "aten.max_pool2d_with_indices.default": (max_pool2d,),
+    "aten.mul.Tensor": (silu,),
+    "aten.native_group_norm.default": (group_norm,),
     **LAYOUT_RULES,
     # before the permute joins the layout ops before it, see whether it can cross a linear
     "aten.permute_copy.default": (

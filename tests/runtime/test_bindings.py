@@ -228,7 +228,37 @@ def test_a_custom_binder_may_decline_and_the_kernel_packs_arguments():
 
     seen = []
     kernel = Kernel("mylib::f.out", lambda args: seen.append(list(args)), 2, (1,),
-                    binder=lambda args, changing, unread: None)
+                    binder=lambda args, changing, unread, out: None)
     kernel.bind([1, 2], (0,))(5)
     kernel.bind([1, 2])()
     assert seen == [[5, 2], [1, 2]]
+    assert kernel.bind_functional([1, 2], (0,)) is None
+
+
+def test_functional_entry_returns_what_the_out_would_hold():
+    x, y = torch.randn(2, 3), torch.randn(3)
+    for name, args in [
+        ("aten::mul.out", [x, y, _e(2, 3)]),
+        ("aten::relu.out", [x, _e(2, 3)]),
+        ("aten::addmm.out", [y, x, torch.randn(3, 3), 1, 1, _e(2, 3)]),
+        ("aten::convolution.out", [torch.randn(1, 2, 4, 4), torch.randn(3, 2, 1, 1), None,
+                                   [1, 1], [0, 0], [1, 1], False, [0, 0], 1, _e(1, 3, 4, 4)]),
+    ]:
+        kernel = default_kernel_registry().lookup(name)
+        with torch.no_grad():
+            got = kernel.bind_functional(args)()
+        out = args[-1]
+        positional, keywords = bindings.split_arguments(_op(name), args)
+        _op(name)._op(*positional, **keywords)
+        _same(got, out)
+        assert got.stride() == out.stride()
+
+
+def test_functional_entry_refuses_an_out_of_other_strides_or_dtype():
+    x = torch.randn(2, 3)
+    kernel = default_kernel_registry().lookup("aten::relu.out")
+    assert kernel.bind_functional([x, _e(3, 2).t()]) is None  # column-major out
+    assert kernel.bind_functional([x, _e(2, 3, dtype=torch.float64)]) is None
+    two_outs = default_kernel_registry().lookup("aten::native_layer_norm.out")
+    assert two_outs.bind_functional([x, [3], None, None, 1e-5, _e(2, 3), _e(2, 1),
+                                     _e(2, 1)]) is None

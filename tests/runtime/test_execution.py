@@ -85,7 +85,7 @@ def test_a_trusted_failure_restores_planned_layouts():
 def test_a_kernel_resizing_its_out_on_the_first_run_is_caught_and_never_trusted():
     kernels = default_kernel_registry()
     kernels.register_function(
-        "aten::relu.out", lambda x, out: torch.clamp_min(x.t(), 0, out=out), arity=2,
+        "aten::relu.out", lambda x, out: torch.clamp_min(x.t(), 0, out=out.resize_(0)), arity=2,
         writes=(1,),
     )
     method = _relu_method(kernels)
@@ -169,3 +169,47 @@ def test_changing_arguments_of_every_position_are_read_per_call():
     for _ in range(3):
         x, y = torch.randn(3), torch.randn(2, 3)
         assert torch.equal(method(x, y)[0], y - x)
+
+
+def test_outputs_only_returned_are_computed_fresh_after_verification():
+    b = add_mul_builder()  # s = x + y (read by mul), out = s * w (returned only)
+    method = Program.from_schema(program_of(b)).method()
+    out = method.meta.outputs[0]
+    assert set(method._fresh_slots) == {out}
+    arena_out = method._template[out]
+    x, y = torch.randn(2, 3), torch.randn(2, 3)
+    first = method(x, y)[0]  # checked: written to the arena, cloned
+    results = [method(x, y)[0] for _ in range(2)]  # trusted: new tensors, no clone
+    for got in (first, *results):
+        assert torch.equal(got, (x + y) * 2)
+        assert got.is_contiguous() and got.untyped_storage().data_ptr() != (
+            arena_out.untyped_storage().data_ptr()
+        )
+    assert results[0].data_ptr() != results[1].data_ptr()
+    assert method._fresh_box == [None]  # handed out, not kept
+
+
+def test_an_output_also_read_inside_the_method_is_cloned():
+    b = add_mul_builder()
+    b.outputs.insert(0, 4)  # s, read by mul, returned as well
+    method = Program.from_schema(program_of(b)).method()
+    assert 4 not in method._fresh_slots
+    x, y = torch.randn(2, 3), torch.randn(2, 3)
+    for _ in range(2):
+        s, out = method(x, y)
+        assert torch.equal(s, x + y) and torch.equal(out, (x + y) * 2)
+
+
+def test_no_fresh_output_from_inputs_of_free_layout():
+    b = MethodBuilder()
+    x = b.add(schema.Tensor(schema.ScalarType.FLOAT, (2, 3), (1, 0), schema.InputStorage()))
+    b.inputs.append(x)
+    b.input_names.append("x")
+    out = b.planned((2, 3), dim_order=(1, 0))
+    b.kernel("aten::relu", "out", (x, out), "relu", "m.py:5")
+    b.outputs.append(out)
+    method = Program.from_schema(program_of(b)).method()
+    assert not method._fresh_slots
+    x = torch.randn(3, 2).t()
+    for _ in range(2):
+        assert torch.equal(method(x)[0], x.relu())

@@ -166,6 +166,61 @@ def fast_call(
     return None if maker is None else maker(positional, keywords)
 
 
+def functional_call(
+    op: torch._ops.OpOverload, args: Sequence[object], cache: dict | None = None
+) -> Call | None:
+    """A :class:`Call` returning, as a new tensor, what the single-out overload ``op`` would
+    write into its out ``args`` holds (schema order, out included): ``op``'s functional twin
+    through its Python binding, on ``args`` minus the out. ``None`` unless the twin is reached
+    (observed) and returns a tensor of exactly the out's shape, dtype and strides (computed on
+    meta tensors, once per out layout).
+    """
+    positional, keywords = split_arguments(op, args)
+    outs = _out_names(op)
+    if outs is None or len(outs) != 1 or not isinstance(keywords.get(outs[0]), torch.Tensor):
+        return None
+    out = keywords.pop(outs[0])
+    key = (_kinds(positional), _kinds(keywords.values()))
+    cache = {} if cache is None else cache
+    if key not in cache:
+        cache[key] = _functional_entry(op, positional, keywords)
+    entry = cache[key]
+    if entry is None:
+        return None
+    fn, twin = entry
+    if _meta_result(twin, positional, keywords) != (out.shape, out.dtype, out.stride()):
+        return None
+    return Call(fn, positional, keywords)
+
+
+def _functional_entry(
+    op: torch._ops.OpOverload, positional: tuple, keywords: dict
+) -> tuple[Callable[..., object], torch._ops.OpOverload] | None:
+    twin, fn = functional_twin(op), python_function(op)
+    if twin is None or fn is None or [str(r.type) for r in twin._schema.returns] != ["Tensor"]:
+        return None
+    return (fn, twin) if _reaches_twin(fn, twin, positional, keywords) else None
+
+
+def _meta_result(twin: torch._ops.OpOverload, positional: tuple, keywords: dict) -> object:
+    """(shape, dtype, strides) of ``twin``'s result, computed on meta stand-ins."""
+
+    def meta(value: object) -> object:
+        if isinstance(value, torch.Tensor):
+            return torch.empty_strided(
+                value.shape, value.stride(), dtype=value.dtype, device="meta"
+            )
+        if isinstance(value, (list, tuple)):
+            return type(value)(meta(v) for v in value)
+        return value
+
+    try:
+        result = twin(*meta(positional), **{k: meta(v) for k, v in keywords.items()})
+    except Exception:  # noqa: BLE001 - no meta kernel (or it refuses): not this entry
+        return None
+    return (result.shape, result.dtype, result.stride())
+
+
 def split_arguments(
     op: torch._ops.OpOverload, args: Sequence[object]
 ) -> tuple[tuple[object, ...], dict[str, object]]:

@@ -31,13 +31,13 @@ from dataclasses import dataclass
 import torch
 
 from exportir.program import schema
-from exportir.runtime.bindings import Call, fast_call, split_arguments
+from exportir.runtime.bindings import Call, fast_call, functional_call, split_arguments
 from exportir.runtime.bindings import bind as bind_call
 
 KernelFn = Callable[[Sequence[object]], object]
-# binder(args, changing, unread) -> Kernel.bind's callable, or None for the packing default
+# binder(args, changing, unread, functional) -> Kernel.bind's callable, or None for the default
 Binder = Callable[
-    [Sequence[object], Sequence[int], Sequence[int]], Callable[..., object] | None
+    [Sequence[object], Sequence[int], Sequence[int], bool], Callable[..., object] | None
 ]
 Converter = Callable[[object], object]
 
@@ -117,10 +117,20 @@ class Kernel:
         the fastest entry into the kernel. ``unread`` are out positions whose values nobody
         reads: the kernel may leave them unwritten."""
         if self.binder is not None:
-            bound = self.binder(args, changing, unread)
+            bound = self.binder(args, changing, unread, False)
             if bound is not None:
                 return bound
         return _packing(self.fn, args, changing)
+
+    def bind_functional(
+        self, args: Sequence[object], changing: Sequence[int] = ()
+    ) -> Callable[..., object] | None:
+        """Like :meth:`bind` for a kernel with one out, but the callable *returns* a new tensor
+        holding what the kernel would write into ``args``' out (same shape, dtype and strides)
+        and writes nothing; ``None`` when the kernel has no such entry."""
+        if self.binder is None or len(self.writes) != 1:
+            return None
+        return self.binder(args, changing, (), True)
 
     @property
     def num_value_args(self) -> int:
@@ -246,9 +256,14 @@ def kernel_from_op(name: str, op: torch._ops.OpOverload) -> Kernel:
 
     chosen: dict = {}  # fast entries by argument kinds (bindings.fast_call)
 
+    functionals: dict = {}  # functional entries by argument kinds (bindings.functional_call)
+
     def binder(
-        args: Sequence[object], changing: Sequence[int], unread: Sequence[int]
+        args: Sequence[object], changing: Sequence[int], unread: Sequence[int], functional: bool
     ) -> Callable[..., object] | None:
+        if functional:
+            entry = functional_call(op, args, functionals)
+            return None if entry is None else bind_call(entry, changing)
         unread_names = frozenset(arguments[p].name for p in unread)
         entry = (
             _copy_view_call(name, op, args)

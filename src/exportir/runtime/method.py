@@ -80,6 +80,8 @@ class Method:
         "_dynamic",
         "_flatten",
         "_frame",
+        "_fresh_box",
+        "_fresh_slots",
         "_in_spec",
         "_input_checks",
         "_input_views",
@@ -117,6 +119,8 @@ class Method:
         self._frame = self._template.copy()
         self._trusted: dict[int, tuple[Callable[[], object], tuple[_Out, ...]]] = {}
         self._readers: collections.Counter[int] | None = None  # see _unread
+        self._fresh_box: list[torch.Tensor | None] = []  # see _Fresh
+        self._fresh_slots: dict[int, int] = {}  # output value -> its slot in _fresh_box
         self._steps: list[Step] = [
             self._compile(pc, ins) for pc, ins in enumerate(meta.instructions)
         ]
@@ -166,8 +170,9 @@ class Method:
             grad = torch.is_grad_enabled()
             _set_grad_enabled(False)  # no autograd: out= kernels refuse it, and it costs time
             try:
+                trusted = self._verified
                 self._run(values)
-                return tuple([self._output(values, i) for i in self.meta.outputs])
+                return self._outputs(values, trusted)
             finally:
                 _set_grad_enabled(grad)
         finally:  # the frame keeps no input, view of one or scalar result past the call
@@ -317,16 +322,44 @@ class Method:
         outs = tuple(replace(o, dynamic=True) if o.value in emptied else o for o in planned)
         result = args[-1] if kernel.result_slot else None
         result_out = self._writes(pc, (result,)) if result is not None else ()
-        step, call = _kernel_step(self, pc, kernel, operands, outs, result, result_out)
-        if (
+        trusted = (
             result is None
             and not any(o.dynamic for o in planned)  # emptied outs stay empty once verified
             and all(self._static_shape(i) for i in operands)
-        ):
+        )
+        fresh = self._fresh_output(kernel, operands) if trusted else None
+        step, call, fresh_used = _kernel_step(
+            self, pc, kernel, operands, outs, result, result_out, fresh
+        )
+        if trusted:
             self._trusted[pc] = (call, outs)
+        if fresh is not None and fresh_used:
+            self._fresh_slots[operands[kernel.writes[0]]] = fresh.slot
+            self._fresh_box.append(None)
         if result is not None and not result_out:
             self._dynamic.add(result)  # after binding the step: it reads its own args first
         return step
+
+    def _fresh_output(self, kernel: Kernel, operands: tuple[int, ...]) -> _Fresh | None:
+        """Whether a trusted kernel may compute its one out as a new tensor each call, handed
+        out as the method's output without a clone: the out is a planned, static tensor that
+        nothing but the method's outputs reads, once."""
+        if len(kernel.writes) != 1 or kernel.empties:
+            return None
+        index = operands[kernel.writes[0]]
+        t = self._tensor_meta(index)
+        if (
+            t is None
+            or not isinstance(t.storage, schema.Allocation)
+            or t.dynamic
+            or t.initial is not None
+            or self.meta.outputs.count(index) != 1
+            or not self._unread(index, allowed=3)  # its writer, and one output (counted 2)
+            # the result's strides are the same on every call
+            or not all(self._fixed_layout(j) for i in operands for j in self._lists.get(i, (i,)))
+        ):
+            return None
+        return _Fresh(self._fresh_box, len(self._fresh_box))
 
     def _static_shape(self, index: int) -> bool:
         """Whether value ``index`` has the same shape (tensors) or value (anything else) on
@@ -340,24 +373,38 @@ class Method:
                 return False
         return True
 
-    def _unread(self, index: int) -> bool:
+    def _unread(self, index: int, allowed: int = 1) -> bool:
         """Whether nothing reads value ``index`` (or the items of the list it is): it is no
-        output, no view's base, and no instruction but its writer names it."""
+        output, no view's base, and no instruction but its writer names it. (With ``allowed``
+        3: or only as one output.)"""
         if self._readers is None:
             self._readers = _mentions(self.meta, self._lists)
         items = self._lists.get(index, (index,))
-        return all(self._readers[i] <= 1 for i in items)
+        return all(self._readers[i] <= allowed for i in items)
 
     def _sample(self, index: int) -> Any:
-        """A stand-in for value ``index``, which changes between calls: of its kind (tensor
-        dtype and rank, scalar type), never computed on."""
+        """A stand-in for value ``index``, which changes between calls: of its kind (a meta
+        tensor of its dtype and planned sizes and strides, a scalar of its type), never
+        computed on."""
         items = self._lists.get(index)
         if items is not None:
             return [self._sample(i) if i in self._dynamic else self._template[i] for i in items]
         v = self.meta.values[index]
         if isinstance(v, schema.Tensor):
-            return torch.empty((0,) * len(v.sizes), dtype=memory.torch_dtype(v.dtype))
+            sizes, strides = memory.layout_of(v)
+            if isinstance(v.storage, schema.ViewOf):
+                strides = v.storage.strides
+            dtype = memory.torch_dtype(v.dtype)
+            return torch.empty_strided(sizes, strides, dtype=dtype, device="meta")
         return _SCALAR_SAMPLES.get(type(v))
+
+    def _fixed_layout(self, index: int) -> bool:
+        """Whether tensor value ``index`` has the same strides on every call: not an input
+        whose dim order lets the caller pass any strides (see _TensorInput)."""
+        t = self._tensor_meta(index)
+        if t is None or not isinstance(t.storage, schema.InputStorage):
+            return True
+        return memory.is_contiguous_order(t.dim_order)
 
     def _trusted_calls(self) -> list[Callable[[], object]]:
         """One no-argument call per instruction for the trusted loop: the bare kernel call
@@ -494,6 +541,7 @@ class Method:
         """After a failed run: planned layouts back, and the next run runs checked."""
         self._verified = False
         self._restore_layouts()
+        self._fresh_box[:] = [None] * len(self._fresh_box)
 
     def _restore_layouts(self) -> None:
         """Give every planned tensor back its planned shape after a failed run (a kernel may
@@ -502,13 +550,23 @@ class Method:
             if tensor.shape != sizes or tensor.stride() != strides:
                 tensor.as_strided_(sizes, strides, 0)
 
-    def _output(self, values: list[Any], index: int) -> Any:
-        value = self._resolve(values, index)
-        if isinstance(value, torch.Tensor):
-            return value.clone()
-        if isinstance(value, list):
-            return [v.clone() if isinstance(v, torch.Tensor) else v for v in value]
-        return value
+    def _outputs(self, values: list[Any], trusted: bool) -> tuple[Any, ...]:
+        """The method's outputs: tensors cloned (and those in lists), anything else as is;
+        after a trusted run, the fresh tensors written for outputs (:class:`_Fresh`)."""
+        lists, fresh, box = self._lists, self._fresh_slots if trusted else {}, self._fresh_box
+        outputs = []
+        for index in self.meta.outputs:
+            if index in fresh:
+                slot = fresh[index]
+                outputs.append(box[slot])
+                box[slot] = None
+            elif index in lists:
+                items = [values[i] for i in lists[index]]
+                outputs.append([v.clone() if isinstance(v, torch.Tensor) else v for v in items])
+            else:
+                value = values[index]
+                outputs.append(value.clone() if isinstance(value, torch.Tensor) else value)
+        return tuple(outputs)
 
     # -- inputs ----------------------------------------------------------------------------------
 
@@ -721,8 +779,10 @@ def _kernel_step(
     outs: tuple[_Out, ...],
     result: int | None,
     result_out: tuple[_Out, ...],
-) -> tuple[Step, Callable[[], object]]:
-    """The checked step running one kernel, and the bare call for the trusted loop.
+    fresh: _Fresh | None = None,
+) -> tuple[Step, Callable[[], object], bool]:
+    """The checked step running one kernel, the bare call for the trusted loop, and whether
+    that call writes a fresh tensor (``fresh``) instead of the planned out.
 
     The kernel is bound once (:meth:`Kernel.bind`) to every argument that never changes; the
     ones that do (inputs, their views, scalar results) are passed per call. The step resets
@@ -746,6 +806,9 @@ def _kernel_step(
     call = _frame_call(bound, method._frame, reads) if invoke is None else functools.partial(
         invoke, method._frame
     )
+    runner = kernel.bind_functional(args, changing) if fresh and not invoke else None
+    if runner is not None:
+        call = _fresh_call(runner, method._frame, reads, fresh)
     # outputs that are caller inputs (tensor None) are the caller's business: not checked
     dynamic_outs = tuple(o for o in outs if o.dynamic and o.tensor is not None)
     static_outs = tuple(
@@ -781,7 +844,7 @@ def _kernel_step(
                 values[result] = returned
         return nxt
 
-    return step, call
+    return step, call, runner is not None
 
 
 def _frame_call(
@@ -796,6 +859,45 @@ def _frame_call(
         case (i, j):
             return lambda: bound(frame[i], frame[j])
     return lambda: bound(*[frame[i] for i in reads])
+
+
+@dataclass(frozen=True, slots=True)
+class _Fresh:
+    """A method output a trusted call computes as a new tensor (the kernel's functional entry,
+    :meth:`Kernel.bind_functional`) instead of writing the arena and cloning: the call leaves it
+    in ``box[slot]`` for the outputs to take."""
+
+    box: list[torch.Tensor | None]
+    slot: int
+
+
+def _fresh_call(
+    runner: Callable[..., Any], frame: list[Any], reads: tuple[int, ...], fresh: _Fresh
+) -> Callable[[], object]:
+    """``runner`` (returning the result, taking the values at ``reads``) into ``fresh``."""
+    box, slot = fresh.box, fresh.slot
+    match reads:
+        case ():
+
+            def call() -> None:
+                box[slot] = runner()
+
+        case (i,):
+
+            def call() -> None:
+                box[slot] = runner(frame[i])
+
+        case (i, j):
+
+            def call() -> None:
+                box[slot] = runner(frame[i], frame[j])
+
+        case _:
+
+            def call() -> None:
+                box[slot] = runner(*[frame[i] for i in reads])
+
+    return call
 
 
 def _invoker(

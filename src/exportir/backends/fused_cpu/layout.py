@@ -68,9 +68,13 @@ _VIEW_READERS = frozenset({*_CHAIN, _SELECT, "aten.unbind_copy.int", "aten.slice
 
 
 def clone(g: Graph, op: Op) -> bool:
-    """A ``clone`` read only by view-like ops is dropped: they take any strides (a ``view`` that
-    cannot view copies), so copying first buys nothing."""
-    if op.kwargs.get("memory_format") not in (None, torch.contiguous_format):
+    """A ``clone`` keeping the layout is dropped (values never change in place here, outputs
+    sharing an input's memory are cloned by the executor); a contiguous ``clone`` read only by
+    view-like ops too: they take any strides (a ``view`` that cannot view copies)."""
+    fmt = op.kwargs.get("memory_format")
+    if fmt is None or fmt is torch.preserve_format:
+        return g.alias(op, op.args[0])
+    if fmt is not torch.contiguous_format:
         return False
     readers = g.readers(op.out)
     if not readers or any(o is op.out for o in g.outputs):

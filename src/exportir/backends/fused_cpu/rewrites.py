@@ -14,7 +14,7 @@ keeps the values the delegate computes (up to float rounding where noted):
   all weights known, is folded into the convolution's weight and bias (computed in float64,
   rounded once);
 - ``max_pool2d``: ``max_pool2d_with_indices`` whose indices nobody reads becomes ``max_pool2d``,
-  likewise ``native_group_norm`` ``group_norm``; ``mul(x, sigmoid(x))`` becomes ``silu(x)``;
+  likewise ``native_group_norm`` / ``native_layer_norm`` the ``group_norm`` / ``layer_norm``; ``mul(x, sigmoid(x))`` becomes ``silu(x)``;
 - layout no-ops: a ``view``/``expand`` to the same shape, an identity ``permute`` are dropped;
   chains of ``view``/``squeeze``/``unsqueeze`` and of ``permute`` collapse into one op;
 - constant folding: an op whose inputs are all known (parameters handed to the backend, folded
@@ -298,6 +298,15 @@ def group_norm(g: Graph, op: Op) -> bool:
     return True
 
 
+def layer_norm(g: Graph, op: Op) -> bool:
+    """``native_layer_norm`` whose mean and rstd nobody reads is ``layer_norm``."""
+    if not g.unread(op.outs[1:]) or op.kwargs:
+        return False
+    op.name, op.outs, op.multi = "aten.layer_norm.default", op.outs[:1], False
+    g.changed()
+    return True
+
+
 def max_pool2d(g: Graph, op: Op) -> bool:
     if not g.unread(op.outs[1:]):
         return False
@@ -317,6 +326,7 @@ RULES: dict[str, tuple[Rule, ...]] = {
     "aten.max_pool2d_with_indices.default": (max_pool2d,),
     "aten.mul.Tensor": (silu,),
     "aten.native_group_norm.default": (group_norm,),
+    "aten.native_layer_norm.default": (layer_norm,),
     **LAYOUT_RULES,
     # before the permute joins the layout ops before it, see whether it can cross a linear
     "aten.permute_copy.default": (

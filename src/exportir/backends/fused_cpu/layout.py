@@ -72,14 +72,14 @@ def clone(g: Graph, op: Op) -> bool:
     sharing an input's memory are cloned by the executor); a contiguous ``clone`` read only by
     view-like ops too: they take any strides (a ``view`` that cannot view copies)."""
     fmt = op.kwargs.get("memory_format")
+    if any(o is op.out for o in g.outputs):
+        return False  # an output of its own, distinct from the value it copies
     if fmt is None or fmt is torch.preserve_format:
         return g.alias(op, op.args[0])
     if fmt is not torch.contiguous_format:
         return False
     readers = g.readers(op.out)
-    if not readers or any(o is op.out for o in g.outputs):
-        return False
-    if any(r.name not in _VIEW_READERS for r in readers):
+    if not readers or any(r.name not in _VIEW_READERS for r in readers):
         return False
     return g.alias(op, op.args[0])
 
@@ -168,10 +168,25 @@ def _replacement(x: Value, chain: list[Op]) -> tuple[tuple, list[int], tuple] | 
             dims = atoms.reshape(dims, out)
     if dims is None:
         return None
+    out_shape = static_shape(chain[-1].out)
+    if all(len(d) <= 1 for d in atoms.source):  # x's own dims are the atoms: permute x itself
+        return x_shape, _dims_perm(atoms.source, dims), out_shape
     order = [a for d in atoms.source for a in d]
-    final = [a for d in dims for a in d]
-    perm = [order.index(a) for a in final]
-    return tuple(atoms.size[a] for a in order), perm, static_shape(chain[-1].out)
+    perm = [order.index(a) for d in dims for a in d]
+    return tuple(atoms.size[a] for a in order), perm, out_shape
+
+
+def _dims_perm(source: list[list[int]], dims: list[list[int]]) -> list[int]:
+    """A permutation of the source dims (each one atom or size 1) putting the atoms in the
+    order of ``dims``; size-1 source dims go where ``dims`` has size-1 dims, else at the end."""
+    where = {d[0]: i for i, d in enumerate(source) if d}
+    ones = [i for i, d in enumerate(source) if not d]
+    perm: list[int] = []
+    if all(len(d) <= 1 for d in dims) and sum(not d for d in dims) == len(ones):
+        spare = iter(ones)
+        return [where[d[0]] if d else next(spare) for d in dims]
+    perm = [where[a] for d in dims for a in d]
+    return perm + ones
 
 
 def view_chain(g: Graph, op: Op) -> bool:
@@ -195,26 +210,27 @@ def view_chain(g: Graph, op: Op) -> bool:
 def _rewrite_chain(g: Graph, op: Op, part: list[Op], shape1: tuple, perm: list[int],
                    shape2: tuple) -> bool:  # fmt: skip
     x = part[0].args[0]
-    steps: list[tuple[str, list]] = []
+    permuted = tuple(shape1[d] for d in perm)
+    steps: list[tuple[str, list, tuple]] = []
     if shape1 != static_shape(x):
-        steps.append((_VIEW, list(shape1)))
+        steps.append((_VIEW, list(shape1), shape1))
     if perm != list(range(len(perm))):
-        steps.append((_PERMUTE, perm))
-    if tuple(shape1[d] for d in perm) != shape2 or (not steps and shape2 != static_shape(x)):
-        steps.append((_VIEW, list(shape2)))
+        steps.append((_PERMUTE, perm, permuted))
+    if permuted != shape2:
+        steps.append((_VIEW, list(shape2), shape2))
     if len(steps) >= len(part):
         return False
     if not steps:
         return g.alias(op, x)
     nodes = tuple(n for c in part for n in c.nodes)
     source = x
-    for name, arg in steps[:-1]:
-        shape = list(shape1) if name == _VIEW else [shape1[d] for d in perm]
+    for name, arg, shape in steps[:-1]:
         meta = torch.empty(shape, dtype=x.dtype, device="meta")
         value = Value(meta, name=f"{op.out.name}_{len(nodes)}")
         g.insert_before(op, Op(name, [source, arg], {}, [value], False, nodes))
         source = value
-    op.name, op.args, op.kwargs, op.nodes = steps[-1][0], [source, steps[-1][1]], {}, nodes
+    name, arg, _ = steps[-1]
+    op.name, op.args, op.kwargs, op.nodes = name, [source, arg], {}, nodes
     g.changed()
     return True
 

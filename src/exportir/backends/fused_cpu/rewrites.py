@@ -32,10 +32,12 @@ import torch
 
 from exportir.backends.fused_cpu.ir import Graph, Op, Value, static_shape, values_in
 from exportir.backends.fused_cpu.layout import LAYOUT_RULES
+from exportir.runtime.backends.fused_cpu import DTYPES
 
 __all__ = ["FOLD_LIMIT", "RULES", "fold_constants", "optimize"]
 
 FOLD_LIMIT = 64 * 1024
+_STORABLE = frozenset(DTYPES.values())
 
 Rule = Callable[[Graph, Op], bool]
 
@@ -369,7 +371,7 @@ def fold_constants(g: Graph) -> bool:
         size = sum(_nbytes(r) for r in results)
         if size > max(FOLD_LIMIT, sum(_nbytes(v.const) for v in reads)):
             continue
-        if not all(isinstance(r, torch.Tensor) for r in results):
+        if not all(isinstance(r, torch.Tensor) and r.dtype in _STORABLE for r in results):
             continue
         for value, r in zip(op.outs, results):
             value.const = r.contiguous()

@@ -16,7 +16,7 @@ the blob is ever pasted into the source. Keyword-argument names are the op's ATe
 
 A value is dropped (``del``) after its last reader; ops the blob marks run in place after
 :func:`.plan.inplace_hazard` agreed. An output that shares memory with a delegate input or
-constant is cloned. A failing op is found from the traceback's line number, so a call pays
+constant, or repeats an earlier output, is cloned. A failing op is found from the traceback's line number, so a call pays
 nothing for error reporting.
 """
 
@@ -144,8 +144,10 @@ class _Source:
 
     def result(self) -> str:
         items = []
+        seen: set[int] = set()
         for s in self.blob.outputs:
-            shared = self.plan.root[s] in self.plan.external
+            shared = self.plan.root[s] in self.plan.external or s in seen
+            seen.add(s)
             items.append(f"{self.name(s)}.clone()" if shared else self.name(s))
         return f"    return ({', '.join(items)}{',' if len(items) == 1 else ''})"
 

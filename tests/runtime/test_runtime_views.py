@@ -44,3 +44,23 @@ def test_an_instruction_writing_into_a_view_is_refused_at_load():
     with pytest.raises(RuntimeFailure, match=rf"writes value {view}, a view of value 5 \(views "
                                              "are read-only"):
         Program.from_schema(dataclasses.replace(program, methods=(bad,))).method()
+
+
+def test_exported_outputs_that_are_views_are_fresh_tensors():
+    from exportir.export import export
+    from exportir.program.manager import to_edge
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            y = torch.relu(x)
+            return y.t(), y[1:], x.view(6), (y * 2).unsqueeze(0)
+
+    x = torch.randn(2, 3)
+    method = Program.load(to_edge(export(M(), (x,))).to_program().buffer).method()
+    for _ in range(3):  # verified and trusted runs alike
+        first = method(x)
+        kept = [t.clone() for t in first]
+        method(-x)
+        for got, expected, e in zip(first, kept, M()(x)):
+            assert torch.equal(got, expected) and torch.equal(got, e)
+        assert first[2].data_ptr() != x.data_ptr()  # never the caller's tensor

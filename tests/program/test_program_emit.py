@@ -374,4 +374,31 @@ def test_folding_skips_inputs_random_ops_and_growing_results():
     assert sum(c.nbytes for c in program.constants) < 1024
     views = [v for v in program.methods[0].values
              if isinstance(v, schema.Tensor) and isinstance(v.storage, schema.ViewOf)]
-    assert [(v.sizes, v.storage.strides) for v in views] == [((1024, 4, 8), (0, 8, 1))]
+    # the folded transpose is a view of the stored table too (no second copy of its bytes)
+    assert sorted((v.sizes, v.storage.strides) for v in views) == [
+        ((8, 4), (1, 8)), ((1024, 4, 8), (0, 8, 1))
+    ]
+
+
+def test_a_folded_view_of_a_weight_stores_no_second_copy():
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(64, 16)
+            self.head = torch.nn.Linear(16, 64, bias=False)
+            self.head.weight = self.embed.weight  # tied: the head reads the transpose
+
+        def forward(self, idx):
+            return self.head(self.embed(idx))
+
+    model = Tied().eval()
+    idx = torch.tensor([[1, 5, 7]])
+    program, _ = _emit(model, idx)
+    assert sum(c.nbytes for c in program.constants) == 64 * 16 * 4
+    views = [(v.sizes, v.storage.strides) for v in program.methods[0].values
+             if isinstance(v, schema.Tensor) and isinstance(v.storage, schema.ViewOf)]
+    assert ((16, 64), (1, 16)) in views, views
+    from exportir.runtime import Program
+
+    got = Program.load(serialize.serialize_program(program)).method("forward")(idx)
+    torch.testing.assert_close(got[0] if isinstance(got, tuple) else got, model(idx))

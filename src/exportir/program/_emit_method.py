@@ -190,6 +190,21 @@ class MethodEmitter:
         return found
 
     def constant_tensor(self, t: torch.Tensor) -> int:
+        root = t._base
+        if (
+            root is not None and root.dtype == t.dtype and root.is_contiguous()
+            and root._base is None and t.storage_offset() >= root.storage_offset()
+        ):  # a view of a constant (folded permute of a weight): no bytes of its own
+            base = self.constant_tensor(root)
+            return self.literal(
+                schema.Tensor(
+                    kernels.scalar_type(t.dtype),
+                    tuple(t.shape),
+                    _order_of(t.stride()),
+                    schema.ViewOf(base, t.storage_offset() - root.storage_offset(),
+                                  tuple(t.stride())),
+                )
+            )
         buffer = self.program.constant(tensor_bytes(t))
         return self.literal(
             schema.Tensor(
@@ -462,11 +477,23 @@ class MethodEmitter:
         if any(v is None for v in known.values()):
             return False
         args, kwargs = map_arg((node.args, node.kwargs), known.__getitem__)
-        try:
+        # a view op (or view copy) of a constant folds to a real view: stored as a ViewOf its
+        # root (constant_tensor), not as a second copy of the bytes (a tied weight's transpose)
+        rule = kernels.alias_rule(op)
+        if isinstance(rule, torch._ops.OpOverload) and (
+            rule._schema.name not in kernels.STORAGE_RELATIVE_VIEWS
+        ):
             with torch.no_grad():
-                result = op(*args, **kwargs)
-        except Exception:  # noqa: BLE001 - not foldable here: the runtime runs it instead
-            return False
+                try:
+                    result = rule(*args, **kwargs)
+                except Exception:  # noqa: BLE001 - not a view over these strides: copy below
+                    rule = None
+        if not isinstance(rule, torch._ops.OpOverload):
+            try:
+                with torch.no_grad():
+                    result = op(*args, **kwargs)
+            except Exception:  # noqa: BLE001 - not foldable here: the runtime runs it instead
+                return False
         results = tuple(result) if isinstance(result, (list, tuple)) else (result,)
         if len(results) != len(vals) or any(
             not isinstance(r, torch.Tensor) or r.dtype != v.dtype or tuple(r.shape) != tuple(v.shape)

@@ -9,10 +9,13 @@ At ``init`` the decoded op list is turned into the source of a single function, 
         return (v4,)
 
 The source is made only of names this module makes up (``v<slot>`` locals, ``c<slot>``
-constants, ``f<op>`` callables, ``k<n>`` literal arguments) and the keywords ``None``, ``True``
-and ``False``; every callable, constant tensor and literal comes in through the function's
+constants, ``f<op>`` callables, ``k<n>`` literal arguments), the keywords ``None``, ``True``
+and ``False``, and integers it formats itself (sizes passed as separate ints: ``x.reshape(2,
+3)``); every callable, constant tensor and other literal comes in through the function's
 namespace, and every callable is a kernel of the closed table (:mod:`.kernels`). Nothing from
-the blob is ever pasted into the source. Keyword-argument names are the op's ATen schema names.
+the blob is ever pasted into the source. Keyword-argument names are the op's ATen schema names;
+a kernel that is a ``torch.Tensor`` method is called as one (``v3.permute(0, 2, 1)``), its name
+taken from the method object itself.
 
 A value is dropped (``del``) after its last reader; ops the blob marks run in place after
 :func:`.plan.inplace_hazard` agreed. An output that shares memory with a delegate input or
@@ -91,6 +94,8 @@ class _Source:
     def literal(self, value: Any) -> str:
         if value is None or isinstance(value, bool):
             return repr(value)  # None / True / False
+        if type(value) is int:
+            return str(int(value))  # an integer we format ourselves
         name = f"k{self.literals}"
         self.literals += 1
         self.namespace[name] = value
@@ -108,13 +113,18 @@ class _Source:
             return self.arg(call.args[0])
         if call.form == "item":
             return f"{self.arg(call.args[0])}[{self.literal(call.args[1])}]"
-        fn = f"f{i}"
-        self.namespace[fn] = call.fn
         parts = [self.arg(a) for a in call.args]
+        if call.splat and len(call.args) > 1 and _ints(call.args[1]):
+            parts[1:2] = [str(int(d)) for d in call.args[1]]  # our own integers
         for key, value in call.kwargs.items():
             if not key.isidentifier() or keyword.iskeyword(key):  # schema names; never happens
                 raise fail(f"ops[{i}].kwargs", f"argument name {key!r} is not an identifier")
             parts.append(f"{key}={self.arg(value)}")
+        method = _tensor_method(call.fn)
+        if method is not None and call.args and isinstance(call.args[0], Ref):
+            return f"{parts[0]}.{method}({', '.join(parts[1:])})"
+        fn = f"f{i}"
+        self.namespace[fn] = call.fn
         return f"{fn}({', '.join(parts)})"
 
     def op(self, i: int, row: OpRow) -> None:
@@ -150,6 +160,18 @@ class _Source:
             seen.add(s)
             items.append(f"{self.name(s)}.clone()" if shared else self.name(s))
         return f"    return ({', '.join(items)}{',' if len(items) == 1 else ''})"
+
+
+def _ints(x: Any) -> bool:
+    return isinstance(x, list) and bool(x) and all(type(d) is int for d in x)
+
+
+def _tensor_method(fn: Any) -> str | None:
+    """The name of ``fn`` when it is a ``torch.Tensor`` method (called as ``x.name(...)``)."""
+    name = getattr(fn, "__name__", None)
+    if isinstance(name, str) and name.isidentifier() and getattr(torch.Tensor, name, None) is fn:
+        return name
+    return None
 
 
 def build(blob: Blob) -> FusedProgram:

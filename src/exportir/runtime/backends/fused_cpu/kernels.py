@@ -45,12 +45,15 @@ _T = torch.Tensor
 @dataclass(frozen=True, slots=True)
 class Call:
     """How one op runs: ``fn(*args, **kwargs)`` (``form="call"``), ``args[0][args[1]]``
-    (``"item"``) or ``args[0]`` itself (``"alias"``)."""
+    (``"item"``) or ``args[0]`` itself (``"alias"``). ``splat``: the second argument, a list of
+    ints, may be passed as separate ints (``x.reshape(2, 3)`` parses faster than
+    ``x.reshape([2, 3])``)."""
 
     form: str
     fn: Any = None
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+    splat: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +68,7 @@ class Kernel:
     alias: bool = False
     bind: Callable[[tuple[Any, ...], dict[str, Any]], Call] | None = None
     keywords: tuple[str, ...] = ()  # positional in the schema, keyword-only in ``fn``
+    splat: bool = False  # ``fn`` takes its int-list argument as separate ints too
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,9 +158,9 @@ _BINARY_INPLACE = {
 }
 
 _LAYOUT = {
-    "aten.view_copy.default": Kernel(_T.reshape, alias=True),
-    "aten.permute_copy.default": Kernel(_T.permute, alias=True),
-    "aten.expand_copy.default": Kernel(_T.expand, alias=True),
+    "aten.view_copy.default": Kernel(_T.reshape, alias=True, splat=True),
+    "aten.permute_copy.default": Kernel(_T.permute, alias=True, splat=True),
+    "aten.expand_copy.default": Kernel(_T.expand, alias=True, splat=True),
     "aten.unsqueeze_copy.default": Kernel(_T.unsqueeze, alias=True),
     "aten.squeeze_copy.dims": Kernel(_T.squeeze, alias=True),
     "aten.squeeze_copy.dim": Kernel(_T.squeeze, alias=True),
@@ -226,7 +230,7 @@ KERNELS: dict[str, Kernel] = {
     "aten.sub.Scalar": Kernel(torch.sub, keywords=("alpha",)),
     "aten.index.Tensor": Kernel(torch.ops.aten.index.Tensor),
     "aten.index_put.default": Kernel(torch.ops.aten.index_put.default),
-    "aten.repeat.default": Kernel(_T.repeat),
+    "aten.repeat.default": Kernel(_T.repeat, splat=True),
     "aten._native_batch_norm_legit_functional.default": Kernel(_bn_functional),
     **_LAYOUT,
 }  # fmt: skip
@@ -329,4 +333,4 @@ def bind(name: str, args: tuple, kwargs: dict, inplace: bool = False) -> Call:
         return Call("call", kernel.inplace, pos, kw)
     if kernel.bind is not None:
         return kernel.bind(pos, kw)
-    return Call("call", kernel.fn, pos, kw)
+    return Call("call", kernel.fn, pos, kw, splat=kernel.splat)

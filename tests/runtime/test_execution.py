@@ -213,3 +213,24 @@ def test_no_fresh_output_from_inputs_of_free_layout():
     x = torch.randn(3, 2).t()
     for _ in range(2):
         assert torch.equal(method(x)[0], x.relu())
+
+
+def test_moves_into_inputs_and_state_are_bare_copies_once_verified():
+    b = MethodBuilder()
+    x = b.input("x", (2,))
+    state = b.planned((2,), initial=b.constant_bytes(torch.tensor([10.0, 20.0]).numpy()
+                                                     .tobytes()))
+    alpha = b.add(schema.Int(1))
+    new, doubled = b.planned((2,)), b.planned((2,))
+    b.kernel("aten::add", "out", (state, x, alpha, new), "add")
+    b.kernel("aten::add", "out", (x, x, alpha, doubled), "double")
+    b.instruction(lambda d: schema.MoveCall(new, state, d), "state")
+    b.instruction(lambda d: schema.MoveCall(doubled, x, d), "input")
+    b.outputs.append(new)
+    method = Program.from_schema(program_of(b)).method()
+    assert {2, 3} <= set(method._trusted)
+    for step in range(1, 4):
+        given = torch.tensor([1.0, 2.0])
+        (got,) = method(given)
+        assert got.tolist() == [10 + step, 20 + 2 * step]
+        assert given.tolist() == [2.0, 4.0]  # the caller's tensor, written every call

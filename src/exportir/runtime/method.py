@@ -424,6 +424,11 @@ class Method:
                 _store(target, values[src], values)
                 return nxt
 
+            tensor = self._tensor_meta(src) is not None
+            if tensor and self._static_shape(src) and not target.dynamic:
+                # same shapes on every call: a bare copy once verified
+                copy = _copy_call(self._frame, src, self._changing(src), target)
+                self._trusted[pc] = (copy, outs)
             return move_tensor
         self._dynamic.add(dst)
 
@@ -759,6 +764,23 @@ def _mentions(meta: schema.Method, lists: dict[int, tuple[int, ...]]) -> collect
         if isinstance(v, schema.Tensor) and isinstance(v.storage, schema.ViewOf):
             name(v.storage.base, 2)
     return counts
+
+
+def _copy_call(
+    frame: list[Any], src: int, changing: bool, target: _Out
+) -> Callable[[], object]:
+    """``target``'s tensor ``copy_`` from value ``src`` (each read from ``frame`` per call
+    when it changes between calls: ``changing``, or a caller's input as the target)."""
+    source = frame[src]
+    if target.tensor is None:
+        dst = target.value
+        if changing:
+            return lambda: frame[dst].copy_(frame[src])
+        return lambda: frame[dst].copy_(source)
+    if changing:
+        copy = target.tensor.copy_
+        return lambda: copy(frame[src])
+    return functools.partial(target.tensor.copy_, source)
 
 
 def _kernel_error(exc: Exception, outs: Sequence[_Out]) -> Exception:

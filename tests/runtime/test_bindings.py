@@ -262,3 +262,17 @@ def test_functional_entry_refuses_an_out_of_other_strides_or_dtype():
     two_outs = default_kernel_registry().lookup("aten::native_layer_norm.out")
     assert two_outs.bind_functional([x, [3], None, None, 1e-5, _e(2, 3), _e(2, 1),
                                      _e(2, 1)]) is None
+
+
+@pytest.mark.parametrize("changing", [(1,), (2,), (0, 2), (1, 2), (0, 1, 2)])
+def test_changing_arguments_at_any_positions(changing):
+    bias, x, w = torch.randn(3), torch.randn(2, 4), torch.randn(4, 3)
+    real = [bias, x, w, 0.5, 2.0]
+    args = list(real)
+    for p in changing:
+        args[p] = torch.empty_like(real[p], device="meta")
+    kernel = default_kernel_registry().lookup("aten::addmm.out")
+    got = _e(2, 3)
+    with torch.no_grad():
+        kernel.bind([*args, got], changing)(*[real[p] for p in changing])
+    _same(got, torch.addmm(bias, x, w, beta=0.5, alpha=2.0))

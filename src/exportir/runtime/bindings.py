@@ -67,6 +67,10 @@ def bind(call: Call, changing: Sequence[int] = ()) -> Callable[..., object] | No
         if len(changing) == 1:
             return lambda value: with_keywords(value, *rest)
         return lambda *given: with_keywords(*given, *rest)
+    if len(changing) == 1:
+        (p,) = changing
+        before, after = positional[:p], positional[p + 1 :]
+        return lambda value: with_keywords(*before, value, *after)
     template = list(positional)
 
     def call_with(*given: object) -> object:

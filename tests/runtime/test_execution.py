@@ -229,6 +229,7 @@ def test_moves_into_inputs_and_state_are_bare_copies_once_verified():
     b.outputs.append(new)
     method = Program.from_schema(program_of(b)).method()
     assert {2, 3} <= set(method._trusted)
+    assert not method._unread(state) and not method._unread(x)  # read by later calls, caller
     for step in range(1, 4):
         given = torch.tensor([1.0, 2.0])
         (got,) = method(given)

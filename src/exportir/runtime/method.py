@@ -735,8 +735,8 @@ def _overflow(outs: Sequence[_Out]) -> ValueError:
 
 
 def _mentions(meta: schema.Method, lists: dict[int, tuple[int, ...]]) -> collections.Counter[int]:
-    """How often each value is named: by instruction arguments (list items included), as a
-    method output (twice: never "unread") or as the base of a view (likewise)."""
+    """How often each value is named: by instruction arguments (list items included), and
+    twice (so never "unread") as a method output or input, the base of a view, or state."""
     counts: collections.Counter[int] = collections.Counter()
 
     def name(index: int, times: int = 1) -> None:
@@ -760,9 +760,15 @@ def _mentions(meta: schema.Method, lists: dict[int, tuple[int, ...]]) -> collect
                 name(v)
     for i in meta.outputs:
         name(i, 2)
-    for v in meta.values:
-        if isinstance(v, schema.Tensor) and isinstance(v.storage, schema.ViewOf):
+    for i in meta.inputs:  # the caller reads what is written into its tensors
+        name(i, 2)
+    for i, v in enumerate(meta.values):
+        if not isinstance(v, schema.Tensor):
+            continue
+        if isinstance(v.storage, schema.ViewOf):
             name(v.storage.base, 2)
+        if v.initial is not None:  # state: read by the next call
+            name(i, 2)
     return counts
 
 

@@ -90,7 +90,7 @@ def test_batch_norm_is_folded_into_the_convolution(bias):
     edge = _lower(model, args)
     ops = _ops(edge)
     assert not [o for o in ops if "batch_norm" in o], ops
-    assert ops.count("aten.convolution.default") == 2
+    assert sum(o in ("aten.convolution.default", "aten.thnn_conv2d.default") for o in ops) == 2
     # the folded weights moved into the blob: the parent keeps no conv / bn weights
     kept = edge.exported_program().state_dict
     assert not [k for k in kept if "weight" in k or "running" in k or "bias" in k], kept
@@ -362,9 +362,44 @@ def test_group_norm_and_silu_are_single_calls():
     model = nn.Sequential(nn.Conv1d(4, 6, 1), nn.GroupNorm(2, 6), nn.SiLU()).eval()
     args = (torch.randn(2, 4, 7),)
     edge = _lower(model, args)
-    assert _ops(edge) == [
-        "aten.convolution.default",
-        "aten.group_norm.default",
-        "aten.silu.default",
-    ]
+    ops = _ops(edge)
+    assert ops[-2:] == ["aten.group_norm.default", "aten.silu.default"], ops
+    _check(model, args, edge)
+
+
+class SmallConvs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c2 = nn.Conv2d(3, 4, 3, padding=1)
+        self.c1 = nn.Conv1d(3, 5, 3, stride=2, padding=1)
+        self.dw = nn.Conv1d(3, 3, 3, padding=1, groups=3)
+        self.t2 = nn.ConvTranspose2d(3, 2, 3, stride=2, padding=1, output_padding=1)
+        self.t1 = nn.ConvTranspose1d(3, 2, 4, stride=2)
+        self.big = nn.Conv2d(3, 64, 3, padding=1)
+
+    def forward(self, img, seq, large):
+        return (
+            self.c2(img),
+            self.c1(seq),
+            torch.relu(self.dw(seq)),
+            self.t2(img),
+            self.t1(seq),
+            self.big(large),
+        )
+
+
+def test_small_convolutions_use_the_plain_kernels():
+    model = SmallConvs().eval()
+    args = (torch.randn(2, 3, 6, 6), torch.randn(2, 3, 9), torch.randn(1, 3, 96, 96))
+    edge = _lower(model, args)
+    ops = _ops(edge)
+    assert ops.count("aten.thnn_conv2d.default") == 2
+    assert ops.count("aten.slow_conv_transpose2d.default") == 2
+    assert "aten.unfold_copy.default" in ops  # the depthwise one
+    assert ops.count("aten.convolution.default") == 1  # the large one stays
+    (header,) = _headers(edge)
+    names = [op[0] for op in header["ops"]]
+    # the unfolded windows overlap: the multiply by the filter never runs in place on them
+    mul = names.index("aten.mul.Tensor")
+    assert header["inplace"][mul] == 0
     _check(model, args, edge)

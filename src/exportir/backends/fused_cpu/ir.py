@@ -132,6 +132,14 @@ class Graph:
         self.ops.insert(at, op)
         self.changed()
 
+    def emit_before(
+        self, anchor: Op, name: str, args: list[Any], shape: Any, dtype: Any, nodes: tuple
+    ) -> Value:
+        """Insert ``name(*args)`` before ``anchor``; returns its result (shape and dtype given)."""
+        value = Value(torch.empty(tuple(shape), dtype=dtype, device="meta"), name=nodes[-1])
+        self.insert_before(anchor, Op(name, args, {}, [value], False, nodes))
+        return value
+
     def absorb(self, op: Op, reader: Op) -> None:
         """``op`` now produces what ``reader`` produced; ``reader`` goes."""
         op.outs = reader.outs

@@ -17,6 +17,7 @@ keeps the values the delegate computes (up to float rounding where noted):
   likewise ``native_group_norm`` / ``native_layer_norm`` the ``group_norm`` / ``layer_norm``; ``mul(x, sigmoid(x))`` becomes ``silu(x)``;
 - layout no-ops: a ``view``/``expand`` to the same shape, an identity ``permute`` are dropped;
   chains of ``view``/``squeeze``/``unsqueeze`` and of ``permute`` collapse into one op;
+- small convolutions on the kernels fast for them (:mod:`.conv`);
 - constant folding: an op whose inputs are all known (parameters handed to the backend, folded
   results, or none: ``full``, ``arange``) is computed now when its result is at most 64 KiB or
   no larger than its inputs.
@@ -30,11 +31,12 @@ from typing import Any
 
 import torch
 
+from exportir.backends.fused_cpu.conv import CONV_RULES
 from exportir.backends.fused_cpu.ir import Graph, Op, Value, static_shape, values_in
 from exportir.backends.fused_cpu.layout import LAYOUT_RULES
 from exportir.runtime.backends.fused_cpu import DTYPES
 
-__all__ = ["FOLD_LIMIT", "RULES", "fold_constants", "optimize"]
+__all__ = ["FOLD_LIMIT", "KERNEL_RULES", "RULES", "fold_constants", "optimize"]
 
 FOLD_LIMIT = 64 * 1024
 _STORABLE = frozenset(DTYPES.values())
@@ -338,6 +340,10 @@ RULES: dict[str, tuple[Rule, ...]] = {
 }
 
 
+# Kernel choices, applied once the fusions settled.
+KERNEL_RULES: dict[str, tuple[Rule, ...]] = {**CONV_RULES}
+
+
 # ------------------------------------------------------------------------------ folding, driver
 
 
@@ -380,7 +386,7 @@ def fold_constants(g: Graph) -> bool:
     return folded
 
 
-def _apply_rules(g: Graph) -> bool:
+def _apply_rules(g: Graph, rules: dict[str, tuple[Rule, ...]]) -> bool:
     changed = False
     progress = True
     while progress:
@@ -388,18 +394,27 @@ def _apply_rules(g: Graph) -> bool:
         for op in list(g.ops):
             if not any(o is op for o in g.ops):
                 continue  # removed by an earlier rewrite
-            for rule in RULES.get(op.name, ()):
+            for rule in rules.get(op.name, ()):
                 if rule(g, op):
                     progress = changed = True
                     break
     return changed
 
 
-def optimize(g: Graph) -> Graph:
-    """Rewrite ``g`` in place until no rule, dead-op removal or folding changes it."""
+def _settle(g: Graph) -> None:
     while True:
-        changed = _apply_rules(g)
+        changed = _apply_rules(g, RULES)
         changed |= g.remove_dead()
         changed |= fold_constants(g)
         if not changed:
-            return g
+            return
+
+
+def optimize(g: Graph) -> Graph:
+    """Rewrite ``g`` in place until no rule, dead-op removal or folding changes it; then pick
+    kernels for what is left (:data:`KERNEL_RULES`, after the fusions that need the ATen ops:
+    a batch norm folds into a ``convolution``) and settle again."""
+    _settle(g)
+    if _apply_rules(g, KERNEL_RULES):
+        _settle(g)
+    return g

@@ -67,6 +67,7 @@ class Kernel:
     inplace: Callable[..., Any] | None = None
     alias: bool = False
     bind: Callable[[tuple[Any, ...], dict[str, Any]], Call] | None = None
+    overlaps: bool = False  # the result may view one element several times (expand, unfold)
     keywords: tuple[str, ...] = ()  # positional in the schema, keyword-only in ``fn``
     splat: bool = False  # ``fn`` takes its int-list argument as separate ints too
 
@@ -160,7 +161,7 @@ _BINARY_INPLACE = {
 _LAYOUT = {
     "aten.view_copy.default": Kernel(_T.reshape, alias=True, splat=True),
     "aten.permute_copy.default": Kernel(_T.permute, alias=True, splat=True),
-    "aten.expand_copy.default": Kernel(_T.expand, alias=True, splat=True),
+    "aten.expand_copy.default": Kernel(_T.expand, alias=True, splat=True, overlaps=True),
     "aten.unsqueeze_copy.default": Kernel(_T.unsqueeze, alias=True),
     "aten.squeeze_copy.dims": Kernel(_T.squeeze, alias=True),
     "aten.squeeze_copy.dim": Kernel(_T.squeeze, alias=True),
@@ -171,6 +172,7 @@ _LAYOUT = {
     "aten._to_copy.default": Kernel(None, alias=True, bind=_to_copy),
     "aten.split_with_sizes_copy.default": Kernel(torch.split_with_sizes, alias=True),
     "aten.unbind_copy.int": Kernel(torch.unbind, alias=True),
+    "aten.unfold_copy.default": Kernel(_T.unfold, alias=True, overlaps=True),
     "aten.cat.default": Kernel(torch.cat),
 }
 
@@ -213,7 +215,8 @@ KERNELS: dict[str, Kernel] = {
         aten.constant_pad_nd.default aten._scaled_dot_product_flash_attention_for_cpu.default
     """),
     **_same("""
-        aten.linear.default aten.avg_pool2d.default aten.max_pool2d_with_indices.default
+        aten.linear.default aten.thnn_conv2d.default aten.slow_conv_transpose2d.default
+        aten.avg_pool2d.default aten.max_pool2d_with_indices.default
         aten.adaptive_max_pool2d.default aten.upsample_nearest2d.vec
         aten.upsample_bilinear2d.vec
     """, _nn),

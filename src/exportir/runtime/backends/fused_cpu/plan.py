@@ -6,8 +6,9 @@ roots: nothing in the delegate may write them. An op may run in place on its fir
 only when that argument's memory is the delegate's own and nothing that shares it is read later:
 
 1. the argument's root is not external (not an input, not a constant);
-2. no other argument of the op shares that root;
-3. every slot sharing the root that exists before the op is read last by this op and is not a
+2. the argument does not view one element several times (``expand``, ``unfold``);
+3. no other argument of the op shares that root;
+4. every slot sharing the root that exists before the op is read last by this op and is not a
    delegate output.
 
 The compile side asks :func:`inplace_hazard` before it marks an op in place, and the executor
@@ -30,13 +31,15 @@ __all__ = ["Plan", "first_ref", "inplace_hazard", "plan", "refs"]
 class Plan:
     """``defined``: op index defining each slot (-1 for inputs and constants); ``last_use``:
     op index of each slot's last reader (``len(ops)`` for outputs, absent if never read);
-    ``root``: the slot whose memory each slot may share; ``external``: inputs and constants."""
+    ``root``: the slot whose memory each slot may share; ``external``: inputs and constants;
+    ``overlapping``: slots that may view one element several times."""
 
     defined: dict[int, int]
     last_use: dict[int, int]
     root: dict[int, int]
     external: frozenset[int]
     outputs: frozenset[int]
+    overlapping: frozenset[int]
 
 
 def refs(x: Any) -> list[int]:
@@ -76,23 +79,28 @@ def plan(
     external = frozenset(defined)
     root = {s: s for s in defined}
     last_use: dict[int, int] = {}
+    overlapping: set[int] = set()
     for i, row in enumerate(ops):
         for s in refs(row.args) + refs(row.kwargs):
             if s not in defined:
                 raise SlotError(f"ops[{i}].args", f"reads slot {s} before anything writes it")
             last_use[s] = i
         first = first_ref(row)
-        shares = row.inplace or KERNELS[row.name].alias
+        kernel = KERNELS[row.name]
+        shares = (row.inplace or kernel.alias) and first is not None
+        overlaps = kernel.overlaps or (shares and first in overlapping)
         for s in row.outs:
             if s in defined:
                 raise SlotError(f"ops[{i}].outs", f"slot {s} is written twice")
             defined[s] = i
-            root[s] = root[first] if shares and first is not None else s
+            root[s] = root[first] if shares else s
+            if overlaps:
+                overlapping.add(s)
     for s in outputs:
         if s not in defined:
             raise SlotError("outputs", f"slot {s} is never written")
         last_use[s] = len(ops)
-    return Plan(defined, last_use, root, external, frozenset(outputs))
+    return Plan(defined, last_use, root, external, frozenset(outputs), frozenset(overlapping))
 
 
 def inplace_hazard(p: Plan, ops: Sequence[Any], i: int) -> str | None:
@@ -104,6 +112,8 @@ def inplace_hazard(p: Plan, ops: Sequence[Any], i: int) -> str | None:
     r = p.root[s]
     if r in p.external:
         return f"slot {s} is (a view of) a delegate input or constant"
+    if s in p.overlapping:
+        return f"slot {s} views some elements several times (expand, unfold)"
     if any(p.root[t] == r for t in refs(row.args[1:]) + refs(row.kwargs)):
         return f"another argument shares slot {s}'s memory"
     for t, at in p.defined.items():

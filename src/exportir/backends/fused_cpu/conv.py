@@ -1,0 +1,108 @@
+"""Small convolutions on the kernels that are fast for them.
+
+``aten.convolution`` picks oneDNN (mkldnn) on CPU, which costs some 30-40 us per call whatever
+the size for 1-D convolutions and for batches above one; for small convolutions torch's plain
+kernels take a few microseconds (measured on the benchmark machine; the crossover is around a
+million multiply-adds). So a convolution of at most :data:`SMALL_CONV_MACS` multiply-adds
+becomes (``_nn`` kernels, 1-D ones through a size-1 height):
+
+- ``thnn_conv2d`` (im2col + GEMM) when not transposed, ``groups == 1``, no dilation;
+- ``slow_conv_transpose2d`` when transposed and ``groups == 1``;
+- pad + ``unfold`` + ``mul`` + ``sum`` (+ bias) for a 1-D depthwise convolution (one filter per
+  channel, no dilation).
+
+Results match ``convolution`` up to float rounding (another summation order).
+"""
+
+from __future__ import annotations
+
+import math
+
+from exportir.backends.fused_cpu.ir import Graph, Op, Value, static_shape
+
+__all__ = ["CONV_RULES", "SMALL_CONV_MACS"]
+
+SMALL_CONV_MACS = 1 << 20
+
+_UNSQUEEZE = "aten.unsqueeze_copy.default"
+
+
+def _macs(op: Op, w_shape: tuple[int, ...]) -> int:
+    out = static_shape(op.out)
+    transposed = op.args[6]
+    per_output = (w_shape[0] if transposed else w_shape[1]) * math.prod(w_shape[2:])
+    return math.prod(out) * per_output if out is not None else SMALL_CONV_MACS + 1
+
+
+def small_conv(g: Graph, op: Op) -> bool:
+    x, w, _bias, stride, padding, dilation, transposed, output_padding, groups = op.args
+    x_shape, w_shape = static_shape(x), static_shape(w)
+    if x_shape is None or w_shape is None or len(x_shape) not in (3, 4) or op.kwargs:
+        return False
+    if _macs(op, w_shape) > SMALL_CONV_MACS or any(d != 1 for d in dilation):
+        return False
+    if groups == 1:
+        return _plain(g, op, list(stride), list(padding), list(output_padding))
+    depthwise = w_shape[0] == x_shape[1] == groups and w_shape[1] == 1
+    if depthwise and not transposed and len(x_shape) == 3:
+        return _depthwise_1d(g, op, stride[0], padding[0])
+    return False
+
+
+def _plain(g: Graph, op: Op, stride: list, padding: list, output_padding: list) -> bool:
+    x, w, bias = op.args[:3]
+    transposed = op.args[6]
+    one_d = len(static_shape(x)) == 3
+    nodes = op.nodes
+    if one_d:  # through a size-1 height
+        x = g.emit_before(op, _UNSQUEEZE, [x, 2], _with_height(x), x.dtype, nodes)
+        w = g.emit_before(op, _UNSQUEEZE, [w, 2], _with_height(w), w.dtype, nodes)
+        stride, padding, output_padding = [1, *stride], [0, *padding], [0, *output_padding]
+    kernel = list(static_shape(w)[2:])
+    if transposed:
+        name = "aten.slow_conv_transpose2d.default"
+        args = [x, w, kernel, bias, stride, padding, output_padding, [1, 1]]
+    else:
+        name, args = "aten.thnn_conv2d.default", [x, w, kernel, bias, stride, padding]
+    if not one_d:
+        op.name, op.args = name, args
+        g.changed()
+        return True
+    out = g.emit_before(op, name, args, _with_height(op.out), op.out.dtype, nodes)
+    op.name, op.args = "aten.squeeze_copy.dims", [out, [2]]
+    g.changed()
+    return True
+
+
+def _depthwise_1d(g: Graph, op: Op, stride: int, padding: int) -> bool:
+    x, w, bias = op.args[:3]
+    n, c, length = static_shape(x)
+    k = static_shape(w)[2]
+    nodes, dtype = op.nodes, op.out.dtype
+    if padding:
+        length += 2 * padding
+        x = g.emit_before(op, "aten.constant_pad_nd.default", [x, [padding, padding], 0.0],
+                          (n, c, length), dtype, nodes)  # fmt: skip
+    out_len = static_shape(op.out)[2]
+    windows = g.emit_before(op, "aten.unfold_copy.default", [x, 2, k, stride],
+                            (n, c, out_len, k), dtype, nodes)  # fmt: skip
+    products = g.emit_before(op, "aten.mul.Tensor", [windows, w], (n, c, out_len, k), dtype, nodes)
+    if bias is None:
+        op.name, op.args = "aten.sum.dim_IntList", [products, [-1]]
+        g.changed()
+        return True
+    sums = g.emit_before(
+        op, "aten.sum.dim_IntList", [products, [-1]], (n, c, out_len), dtype, nodes
+    )
+    column = g.emit_before(op, _UNSQUEEZE, [bias, 1], (c, 1), bias.dtype, nodes)
+    op.name, op.args = "aten.add.Tensor", [sums, column]
+    g.changed()
+    return True
+
+
+def _with_height(v: Value) -> tuple[int, ...]:
+    shape = static_shape(v)
+    return (*shape[:2], 1, *shape[2:])
+
+
+CONV_RULES = {"aten.convolution.default": (small_conv,)}

@@ -153,6 +153,14 @@ SAMPLES.update({
     "aten.thnn_conv2d.default": [((_x4, _r(4, 3, 3, 3), [3, 3], _r(4), [1, 1], [1, 1]), {}), ((_x4, _r(4, 3, 1, 2), [1, 2]), {})],
     "aten.slow_conv_transpose2d.default": [((_x4, _r(3, 2, 3, 3), [3, 3], _r(2), [2, 2], [1, 1], [1, 1]), {})],
     "aten.unfold_copy.default": [((_r(2, 3, 9), 2, 3, 2), {})],
+    "mkldnn._convolution_pointwise.default": [
+        ((_x4, _r(4, 3, 3, 3), _r(4), [1, 1], [1, 1], [1, 1], 1, "none", [], None), {}),
+        ((_x4, _r(6, 1, 3, 3), None, [0, 0], [2, 2], [1, 1], 3, "relu", [], None), {}),
+    ],
+    "mkldnn._convolution_pointwise.binary": [
+        ((_x4, _r(2, 4, 5, 5), _r(4, 3, 3, 3), _r(4), [1, 1], [1, 1], [1, 1], 1, "add", None, "relu", [], None), {}),
+        ((_x4, _r(2, 4, 5, 5), _r(4, 3, 3, 3), None, [1, 1], [1, 1], [1, 1], 1, "add", None, None, [], None), {}),
+    ],
     "aten.avg_pool2d.default": [((_x4, [2, 2], [2, 2]), {}), ((_x4, [3, 3], [1, 1], [1, 1], True, False), {})],
     "aten.max_pool2d_with_indices.default": [((_x4, [2, 2], [2, 2]), {})],
     "aten.max_pool2d.default": [((_x4, [3, 3], [2, 2], [1, 1]), {})],
@@ -234,8 +242,8 @@ def _one_op_program(name, args, kwargs, inplace=False):
 
 
 def _aten(name):
-    _, packet, overload = name.split(".")
-    return getattr(getattr(torch.ops.aten, packet), overload)
+    namespace, packet, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
 
 
 def _same(got, expected):
@@ -274,3 +282,15 @@ def test_inplace_form_matches_the_aten_op(name):
         result = fn(first, *rest, *args[len(rest) + 1 :], **kwargs)
         assert result is first
         _same(result, expected)
+
+
+def test_onednn_fallbacks_compute_the_same():
+    from exportir.runtime.backends.fused_cpu import kernels
+
+    torch.manual_seed(0)
+    for args, _ in SAMPLES["mkldnn._convolution_pointwise.default"]:
+        expected = torch.ops.mkldnn._convolution_pointwise.default(*args)
+        torch.testing.assert_close(kernels._conv_pointwise(*args), expected, atol=1e-5, rtol=1e-5)
+    for args, _ in SAMPLES["mkldnn._convolution_pointwise.binary"]:
+        expected = torch.ops.mkldnn._convolution_pointwise.binary(*args)
+        torch.testing.assert_close(kernels._conv_binary(*args), expected, atol=1e-5, rtol=1e-5)

@@ -403,3 +403,34 @@ def test_small_convolutions_use_the_plain_kernels():
     mul = names.index("aten.mul.Tensor")
     assert header["inplace"][mul] == 0
     _check(model, args, edge)
+
+
+class Residual(nn.Module):
+    """A ResNet basic block's shape: conv-bn-relu, conv-bn, + identity, relu."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(32, 32, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(32)
+        self.conv2 = nn.Conv2d(32, 32, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(32)
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + x)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+def test_large_convolutions_run_on_onednn_with_relu_and_residual_add_inside():
+    model = _trained(Residual())
+    args = (torch.randn(1, 32, 32, 32),)
+    edge = _lower(model, args)
+    assert _ops(edge) == [
+        "mkldnn._convolution_pointwise.default",
+        "mkldnn._convolution_pointwise.binary",
+    ]
+    (child,) = [m for _, m in edge.exported_program().graph_module.named_children()]
+    program = decode(child.processed_bytes)
+    packed = [v for v in program.fn.__globals__.values() if isinstance(v, torch.Tensor)]
+    assert sum(t.is_mkldnn for t in packed) == 2  # both weights packed once, at load
+    _check(model, args, edge, atol=1e-4)

@@ -11,6 +11,11 @@ becomes (``_nn`` kernels, 1-D ones through a size-1 height):
 - pad + ``unfold`` + ``mul`` + ``sum`` (+ bias) for a 1-D depthwise convolution (one filter per
   channel, no dilation).
 
+Larger 2-D convolutions with a constant weight become oneDNN's
+``mkldnn::_convolution_pointwise`` (the executor packs the weight into oneDNN's blocked layout
+once, at load, instead of on every call), and a ``relu`` after one, or an ``add`` of a tensor of
+the same shape (then a ``relu``: a residual block's tail), joins it.
+
 Results match ``convolution`` up to float rounding (another summation order).
 """
 
@@ -18,11 +23,16 @@ from __future__ import annotations
 
 import math
 
-from exportir.backends.fused_cpu.ir import Graph, Op, Value, static_shape
+import torch
 
-__all__ = ["CONV_RULES", "SMALL_CONV_MACS"]
+from exportir.backends.fused_cpu.ir import Graph, Op, Value, static_shape
+from exportir.runtime.backends.fused_cpu import OPS
+
+__all__ = ["CONV_FUSIONS", "CONV_RULES", "SMALL_CONV_MACS"]
 
 SMALL_CONV_MACS = 1 << 20
+_POINTWISE = "mkldnn._convolution_pointwise.default"
+_BINARY = "mkldnn._convolution_pointwise.binary"
 
 _UNSQUEEZE = "aten.unsqueeze_copy.default"
 
@@ -39,7 +49,9 @@ def small_conv(g: Graph, op: Op) -> bool:
     x_shape, w_shape = static_shape(x), static_shape(w)
     if x_shape is None or w_shape is None or len(x_shape) not in (3, 4) or op.kwargs:
         return False
-    if _macs(op, w_shape) > SMALL_CONV_MACS or any(d != 1 for d in dilation):
+    if _macs(op, w_shape) > SMALL_CONV_MACS:
+        return _onednn(g, op)
+    if any(d != 1 for d in dilation):
         return False
     if groups == 1:
         return _plain(g, op, list(stride), list(padding), list(output_padding))
@@ -100,9 +112,76 @@ def _depthwise_1d(g: Graph, op: Op, stride: int, padding: int) -> bool:
     return True
 
 
+def _onednn(g: Graph, op: Op) -> bool:
+    x, w, bias, stride, padding, dilation, transposed, _, groups = op.args
+    if transposed or len(static_shape(x)) != 4 or w.const is None or not _has_onednn():
+        return False
+    if x.dtype != torch.float32 or w.dtype != torch.float32:
+        return False
+    op.name = _POINTWISE
+    op.args = [x, w, bias, list(padding), list(stride), list(dilation), groups, "none", [], None]
+    g.changed()
+    return True
+
+
+def _has_onednn() -> bool:
+    return torch.backends.mkldnn.is_available() and _POINTWISE in OPS
+
+
+def conv_relu(g: Graph, op: Op) -> bool:
+    """``relu`` of a oneDNN convolution it alone reads runs inside it."""
+    conv = g.producer(op.args[0])
+    if conv is None or g.only_reader(op.args[0]) is not op:
+        return False
+    if conv.name == _POINTWISE and conv.args[7] == "none":
+        op.args = [*conv.args[:7], "relu", *conv.args[8:]]
+    elif conv.name == _BINARY and conv.args[10] is None:
+        op.args = [*conv.args[:10], "relu", *conv.args[11:]]
+    else:
+        return False
+    op.name, op.nodes = conv.name, (*conv.nodes, *op.nodes)
+    g.remove(conv)
+    return True
+
+
+def conv_add(g: Graph, op: Op) -> bool:
+    """``add(conv(x), other)`` (either order, same shapes, no alpha) of a oneDNN convolution
+    it alone reads is one binary convolution; it runs where the add did (``other`` may come
+    later than the convolution)."""
+    if op.kwargs or len(op.args) != 2 or not all(isinstance(a, Value) for a in op.args):
+        return False
+    for y, other in (op.args, op.args[::-1]):
+        conv = g.producer(y, _POINTWISE)
+        if conv is None or conv.args[7] != "none" or g.only_reader(y) is not op:
+            continue
+        if static_shape(other) != static_shape(y) or other.dtype != y.dtype or other is y:
+            continue
+        x, w, bias, padding, stride, dilation, groups = conv.args[:7]
+        op.name, op.nodes = _BINARY, (*conv.nodes, *op.nodes)
+        op.args = [
+            x,
+            other,
+            w,
+            bias,
+            padding,
+            stride,
+            dilation,
+            groups,
+            "add",
+            None,
+            None,
+            [],
+            None,
+        ]
+        g.remove(conv)
+        return True
+    return False
+
+
 def _with_height(v: Value) -> tuple[int, ...]:
     shape = static_shape(v)
     return (*shape[:2], 1, *shape[2:])
 
 
 CONV_RULES = {"aten.convolution.default": (small_conv,)}
+CONV_FUSIONS = {"aten.relu.default": (conv_relu,), "aten.add.Tensor": (conv_add,)}

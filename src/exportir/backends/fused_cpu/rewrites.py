@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from exportir.backends.fused_cpu.conv import CONV_RULES
+from exportir.backends.fused_cpu.conv import CONV_FUSIONS, CONV_RULES
 from exportir.backends.fused_cpu.ir import Graph, Op, Value, static_shape, values_in
 from exportir.backends.fused_cpu.layout import LAYOUT_RULES
 from exportir.runtime.backends.fused_cpu import DTYPES
@@ -324,7 +324,8 @@ RULES: dict[str, tuple[Rule, ...]] = {
     "aten.mm.default": (linear,),
     "aten.bmm.default": (matmul,),
     "aten.matmul.default": (matmul_linear,),
-    "aten.add.Tensor": (linear_bias,),
+    "aten.add.Tensor": (linear_bias, *CONV_FUSIONS["aten.add.Tensor"]),
+    "aten.relu.default": CONV_FUSIONS["aten.relu.default"],
     "aten.linear.default": (permute_after_linear, linear_unflatten),
     "aten._native_batch_norm_legit_no_training.default": (conv_bn,),
     "aten.max_pool2d_with_indices.default": (max_pool2d,),

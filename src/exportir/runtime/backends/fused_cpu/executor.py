@@ -88,6 +88,12 @@ class _Source:
         self.lines: list[str] = []
         self.line_ops: dict[int, int] = {}
 
+    def constant(self, x: Any) -> torch.Tensor | None:
+        """The tensor of a constant slot ``x`` reads, else None."""
+        if isinstance(x, Ref) and x.slot in self.constants:
+            return self.namespace[f"c{x.slot}"]
+        return None
+
     def name(self, slot: int) -> str:
         return f"c{slot}" if slot in self.constants else f"v{slot}"
 
@@ -129,7 +135,7 @@ class _Source:
 
     def op(self, i: int, row: OpRow) -> None:
         try:
-            call = bind(row.name, row.args, row.kwargs, inplace=row.inplace)
+            call = bind(row.name, row.args, row.kwargs, row.inplace, self.constant)
         except SchemaMismatch as e:  # decode checked the arguments; kept for direct callers
             raise fail(f"ops[{i}]", f"{row.name}: {e}") from None
         targets = ", ".join(self.name(s) for s in row.outs)
@@ -188,7 +194,7 @@ def build(blob: Blob) -> FusedProgram:
                 raise fail(f"inplace[{i}]", f"{row.name} cannot run in place: {hazard}")
     src = _Source(blob, p)
     for slot, tensor in blob.constants:
-        src.namespace[f"c{slot}"] = tensor
+        src.namespace[f"c{slot}"] = tensor  # before the ops: kernels may prepare constants
     for i, row in enumerate(blob.ops):
         src.op(i, row)
     params = ", ".join(f"v{s}" for s in blob.inputs)

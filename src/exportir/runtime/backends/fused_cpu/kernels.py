@@ -68,6 +68,9 @@ class Kernel:
     alias: bool = False
     bind: Callable[[tuple[Any, ...], dict[str, Any]], Call] | None = None
     overlaps: bool = False  # the result may view one element several times (expand, unfold)
+    # at load, ``prepare(args, constant)`` may replace arguments that are constants
+    # (``constant(ref)`` gives a constant slot's tensor, or None): weights packed for oneDNN
+    prepare: Callable[[tuple[Any, ...], Callable[[Any], Any]], tuple[Any, ...]] | None = None
     keywords: tuple[str, ...] = ()  # positional in the schema, keyword-only in ``fn``
     splat: bool = False  # ``fn`` takes its int-list argument as separate ints too
 
@@ -136,6 +139,79 @@ def _bn_functional(
         x, weight, bias, mean, var, training, momentum, eps
     )
     return out, save_mean, save_rstd, mean, var
+
+
+_MKLDNN = torch.backends.mkldnn.is_available() and hasattr(
+    torch.ops.mkldnn, "_convolution_pointwise"
+)
+
+
+def _conv_pointwise(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    padding: list[int],
+    stride: list[int],
+    dilation: list[int],
+    groups: int,
+    attr: str,
+    *_: Any,
+) -> torch.Tensor:
+    """mkldnn::_convolution_pointwise without oneDNN: convolution, then ``attr`` (relu)."""
+    y = torch.convolution(x, weight, bias, stride, padding, dilation, False, [0, 0], groups)
+    return torch.relu_(y) if attr == "relu" else y
+
+
+def _conv_binary(
+    x: torch.Tensor,
+    other: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    padding: list[int],
+    stride: list[int],
+    dilation: list[int],
+    groups: int,
+    binary_attr: str,
+    alpha: Any,
+    unary_attr: str | None,
+    *_: Any,
+) -> torch.Tensor:
+    """mkldnn::_convolution_pointwise.binary (``add``) without oneDNN."""
+    y = _conv_pointwise(x, weight, bias, padding, stride, dilation, groups, "none")
+    y = y.add_(other)
+    return torch.relu_(y) if unary_attr == "relu" else y
+
+
+def _packer(weight_at: int, padding_at: int) -> Callable[..., tuple[Any, ...]]:
+    """Pack a constant convolution weight for oneDNN once, at load (same values, blocked
+    layout); a weight that is no constant, or a failed packing, stays as it is."""
+
+    def prepare(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> tuple[Any, ...]:
+        weight = constant(args[weight_at])
+        if weight is None or not _MKLDNN:
+            return args
+        padding, stride, dilation, groups = args[padding_at : padding_at + 4]
+        try:
+            packed = torch.ops.mkldnn._reorder_convolution_weight(
+                weight, padding, stride, dilation, groups
+            )
+        except (RuntimeError, TypeError):
+            return args
+        return (*args[:weight_at], packed, *args[weight_at + 1 :])
+
+    return prepare
+
+
+def _mkldnn_kernels() -> dict[str, Kernel]:
+    ops = torch.ops.mkldnn._convolution_pointwise if _MKLDNN else None
+    return {
+        "mkldnn._convolution_pointwise.default": Kernel(
+            ops.default if ops else _conv_pointwise, prepare=_packer(1, 3)
+        ),
+        "mkldnn._convolution_pointwise.binary": Kernel(
+            ops.binary if ops else _conv_binary, prepare=_packer(2, 4)
+        ),
+    }
 
 
 # ------------------------------------------------------------------------------ the table
@@ -236,6 +312,7 @@ KERNELS: dict[str, Kernel] = {
     "aten.repeat.default": Kernel(_T.repeat, splat=True),
     "aten._native_batch_norm_legit_functional.default": Kernel(_bn_functional),
     **_LAYOUT,
+    **(_mkldnn_kernels() if hasattr(torch.ops.mkldnn, "_convolution_pointwise") else {}),
 }  # fmt: skip
 
 OPS: frozenset[str] = frozenset(KERNELS)
@@ -247,8 +324,8 @@ INPLACE: frozenset[str] = frozenset(k for k, v in KERNELS.items() if v.inplace i
 
 @functools.cache
 def _schema(name: str) -> Any:
-    _, packet, overload = name.split(".")
-    return getattr(getattr(torch.ops.aten, packet), overload)._schema
+    namespace, packet, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload)._schema
 
 
 def _has_ref(x: Any) -> bool:
@@ -323,8 +400,15 @@ def check_args(name: str, args: tuple, kwargs: dict, n_outs: int, multi: bool) -
         raise SchemaMismatch(f"returns {len(returns)} tensors: outs must list {len(returns)} slots")
 
 
-def bind(name: str, args: tuple, kwargs: dict, inplace: bool = False) -> Call:
-    """The call that runs op ``name`` on (decoded) arguments."""
+def bind(
+    name: str,
+    args: tuple,
+    kwargs: dict,
+    inplace: bool = False,
+    constant: Callable[[Any], Any] | None = None,
+) -> Call:
+    """The call that runs op ``name`` on (decoded) arguments; ``constant(ref)`` gives the
+    tensor of a constant slot (or None) to kernels that prepare constants at load."""
     kernel = KERNELS[name]
     pos, kw = normalize(name, args, kwargs)
     if kernel.keywords:
@@ -334,6 +418,8 @@ def bind(name: str, args: tuple, kwargs: dict, inplace: bool = False) -> Call:
         kw = {**moved, **kw}
     if inplace:
         return Call("call", kernel.inplace, pos, kw)
+    if kernel.prepare is not None and constant is not None:
+        pos = kernel.prepare(pos, constant)
     if kernel.bind is not None:
         return kernel.bind(pos, kw)
     return Call("call", kernel.fn, pos, kw, splat=kernel.splat)

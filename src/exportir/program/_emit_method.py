@@ -114,16 +114,6 @@ def _order_of(strides: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted(range(len(strides)), key=lambda d: (-strides[d], d)))
 
 
-def _dense_strides(sizes: Sequence[int], dim_order: Sequence[int]) -> tuple[int, ...]:
-    """Strides of a tensor stored densely in ``dim_order`` (outermost first)."""
-    strides = [0] * len(sizes)
-    step = 1
-    for d in reversed(dim_order):
-        strides[d] = step
-        step *= max(sizes[d], 1)
-    return tuple(strides)
-
-
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Same sizes and the same strides wherever a stride matters (dimensions of size > 1)."""
     return a.shape == b.shape and all(
@@ -511,18 +501,18 @@ class MethodEmitter:
         if isinstance(v, _PendingTensor):
             if v.dynamic or not v.bounded or v.initial is not None:
                 return None
-            return ref, 0, _dense_strides(v.sizes, v.dim_order)
+            return ref, 0, schema.dense_strides(v.sizes, v.dim_order)
         if not isinstance(v, schema.Tensor) or v.dynamic:
             return None
         match v.storage:
             case schema.ViewOf(base=base, offset=offset, strides=strides):
                 return base, offset, strides
             case schema.ConstantData():
-                return ref, 0, _dense_strides(v.sizes, v.dim_order)
+                return ref, 0, schema.dense_strides(v.sizes, v.dim_order)
             case schema.InputStorage() if ref not in self.written_inputs and v.dim_order == tuple(
                 range(len(v.sizes))
             ):
-                return ref, 0, _dense_strides(v.sizes, v.dim_order)
+                return ref, 0, schema.dense_strides(v.sizes, v.dim_order)
         return None
 
     def alias(self, node: Node) -> bool:

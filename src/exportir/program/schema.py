@@ -27,6 +27,7 @@ Conventions that the emitter and the runtime share are documented in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -163,6 +164,16 @@ Storage = ConstantData | Allocation | InputStorage | DynamicStorage | ViewOf
 
 
 # ------------------------------------------------------------------------------ values
+
+
+def dense_strides(sizes: Sequence[int], dim_order: Sequence[int]) -> tuple[int, ...]:
+    """Strides of a tensor of ``sizes`` stored densely in ``dim_order`` (outermost first)."""
+    strides = [0] * len(sizes)
+    step = 1
+    for d in reversed(dim_order):
+        strides[d] = step
+        step *= max(sizes[d], 1)
+    return tuple(strides)
 
 
 @dataclass(frozen=True, slots=True)

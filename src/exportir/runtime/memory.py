@@ -37,14 +37,7 @@ def torch_dtype(scalar_type: schema.ScalarType) -> torch.dtype:
     return found
 
 
-def strides_for(sizes: Sequence[int], dim_order: Sequence[int]) -> tuple[int, ...]:
-    """Dense strides of ``sizes`` laid out in ``dim_order`` (outermost dimension first)."""
-    strides = [0] * len(sizes)
-    step = 1
-    for d in reversed(dim_order):
-        strides[d] = step
-        step *= max(sizes[d], 1)
-    return tuple(strides)
+strides_for = schema.dense_strides  # dense strides of sizes in a dim order
 
 
 def is_contiguous_order(dim_order: Sequence[int]) -> bool:

@@ -122,3 +122,74 @@ def test_default_registry_is_a_fresh_object():
     assert first is not second
     first.register("affine", AffineBackend())
     assert "affine" in first and "affine" not in second
+
+
+def _output_only_program() -> schema.Program:
+    """A delegate whose one result is the method's one output and read by nothing else."""
+    b = MethodBuilder()
+    x, y = b.input("x", (2, 2)), b.input("y", (2, 2))
+    delegated = b.planned((2, 2))
+    b.instruction(lambda d: schema.DelegateCall(0, (x, y), (delegated,), d),
+                  "executorch_call_delegate", "model.py:30")
+    b.outputs += [delegated]
+    return program_of(b, delegates=[schema.Delegate("affine", b"scale=2", ())])
+
+
+class BufferBackend(AffineBackend):
+    """Writes every result into one buffer it keeps: its outputs are NOT fresh."""
+
+    def __init__(self, fresh: bool = False) -> None:
+        super().__init__()
+        self.buffer = torch.empty(2, 2)
+        self.fresh_outputs = fresh
+        self.shape = (2, 2)
+
+    def execute(self, handle, inputs):
+        self.calls += 1
+        a, b = inputs
+        if self.shape != (2, 2):
+            return [torch.zeros(self.shape)]
+        return [torch.mul(a, handle, out=self.buffer).add_(b)]
+
+
+def test_results_of_a_backend_reusing_its_buffers_are_copies():
+    backend = BufferBackend()
+    method = Program.from_schema(_output_only_program(), delegates=_registry(backend)).method()
+    x = torch.randn(2, 2)
+    results = [method(x, torch.full((2, 2), float(k)))[0] for k in range(3)]  # checked + trusted
+    for k, got in enumerate(results):
+        torch.testing.assert_close(got, x * 2 + k)
+        assert got.data_ptr() != backend.buffer.data_ptr()
+
+
+def test_fresh_outputs_are_handed_to_the_caller_without_a_copy():
+    class Fresh(AffineBackend):
+        fresh_outputs = True
+
+        def execute(self, handle, inputs):
+            self.last = super().execute(handle, inputs)[0]
+            return [self.last]
+
+    backend = Fresh()
+    method = Program.from_schema(_output_only_program(), delegates=_registry(backend)).method()
+    x, y = torch.randn(2, 2), torch.randn(2, 2)
+    first = method(x, y)[0]  # checked run: stored in the plan, cloned
+    assert first is not backend.last
+    second = method(x, y)[0]  # trusted run: the backend's own new tensor
+    assert second is backend.last
+    third = method(x, 2 * y)[0]
+    torch.testing.assert_close(second, x * 2 + y)  # unchanged by the later call
+    torch.testing.assert_close(third, x * 2 + 2 * y)
+
+
+def test_a_fresh_backend_returning_the_wrong_shape_later_fails_naming_the_call():
+    backend = BufferBackend(fresh=True)
+    method = Program.from_schema(_output_only_program(), delegates=_registry(backend)).method()
+    x = torch.randn(2, 2)
+    method(x, x)
+    method(x, x)
+    backend.shape = (3, 2)
+    with pytest.raises(RuntimeFailure, match=r"instruction 0.*\n.*model.py:30(.|\n)*planned shape"):
+        method(x, x)
+    backend.shape = (2, 2)
+    torch.testing.assert_close(method(x, x)[0], x * 3)  # checked again, then fine

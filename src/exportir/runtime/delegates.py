@@ -30,6 +30,11 @@ class BackendRuntime(Protocol):
     returns an opaque handle. ``execute`` receives the handle and the delegate's input values
     (tensors and scalars in the order the delegate was lowered with) and returns its outputs as a
     sequence of tensors in the same order. ``destroy`` (optional) releases a handle.
+
+    A backend whose ``execute`` returns new tensors on every call (never a buffer it reuses,
+    an input or a constant) may say so with a class attribute ``fresh_outputs = True``: a
+    result that is only a method output is then handed to the caller as it is, without a
+    copy into the arena and a clone out of it. Without it, results are always copied.
     """
 
     def init(self, processed: bytes | memoryview, compile_specs: Sequence[object]) -> object: ...

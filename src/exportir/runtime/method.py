@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -347,19 +348,25 @@ class Method:
         if len(kernel.writes) != 1 or kernel.empties:
             return None
         index = operands[kernel.writes[0]]
-        t = self._tensor_meta(index)
-        if (
-            t is None
-            or not isinstance(t.storage, schema.Allocation)
-            or t.dynamic
-            or t.initial is not None
-            or self.meta.outputs.count(index) != 1
-            or not self._unread(index, allowed=3)  # its writer, and one output (counted 2)
+        if not self._output_only(index) or not all(
             # the result's strides are the same on every call
-            or not all(self._fixed_layout(j) for i in operands for j in self._lists.get(i, (i,)))
+            self._fixed_layout(j) for i in operands for j in self._lists.get(i, (i,))
         ):
             return None
         return _Fresh(self._fresh_box, len(self._fresh_box))
+
+    def _output_only(self, index: int) -> bool:
+        """Whether ``index`` is a planned, static tensor that only its writer and one method
+        output name: a result that may be handed out directly instead of stored and cloned."""
+        t = self._tensor_meta(index)
+        return (
+            t is not None
+            and isinstance(t.storage, schema.Allocation)
+            and not t.dynamic
+            and t.initial is None
+            and self.meta.outputs.count(index) == 1
+            and self._unread(index, allowed=3)  # its writer, and one output (counted 2)
+        )
 
     def _static_shape(self, index: int) -> bool:
         """Whether value ``index`` has the same shape (tensors) or value (anything else) on
@@ -456,7 +463,22 @@ class Method:
                 _store(out, got, values)
             return nxt
 
+        # A backend promising new tensors on every call (``fresh_outputs``) hands a result
+        # that is only a method output straight to the caller on trusted runs: no copy into
+        # the arena, no clone out of it.
+        direct = [
+            getattr(backend, "fresh_outputs", False) and self._output_only(out.value)
+            for out in outs
+        ]
+        if any(direct) and all(self._static_shape(i) for i in (*args, *outputs)):
+            handed = [self._fresh_box_slot(out.value) if d else None for out, d in zip(outs, direct)]
+            self._trusted[pc] = (_delegate_call(backend, handle, args, outs, handed, self), outs)
         return step
+
+    def _fresh_box_slot(self, index: int) -> int:
+        slot = self._fresh_slots[index] = len(self._fresh_box)
+        self._fresh_box.append(None)
+        return slot
 
     def _list_items_or_self(self, index: int) -> tuple[int, ...]:
         v = self.meta.values[index]
@@ -897,6 +919,53 @@ class _Fresh:
 
     box: list[torch.Tensor | None]
     slot: int
+
+
+def _delegate_call(
+    backend: Any,
+    handle: Any,
+    args: tuple[int, ...],
+    outs: tuple[_Out, ...],
+    handed: list[int | None],
+    method: Method,
+) -> Callable[[], object]:
+    """The trusted call of a delegate: results the caller may take as they are (``handed``:
+    their slot in the fresh box) go there once their shape and dtype are the plan's; the
+    others are copied into their planned memory as on checked runs."""
+    frame, box, resolve = method._frame, method._fresh_box, method._resolve
+    plan = [
+        (out, slot, torch.Size(out.sizes), None if out.tensor is None else out.tensor.dtype)
+        for out, slot in zip(outs, handed)
+    ]
+    if any(i in method._lists for i in args):
+        def inputs() -> list[Any]:
+            return [resolve(frame, i) for i in args]
+    else:  # plain values: read straight from the frame
+        getter = operator.itemgetter(*args) if args else (lambda _: ())
+        one = len(args) == 1
+
+        def inputs() -> list[Any]:
+            got = getter(frame)
+            return [got] if one else list(got)
+
+    def call() -> None:
+        results = backend.execute(handle, inputs())
+        if len(results) != len(plan):
+            raise ValueError(
+                f"delegate returned {len(results)} outputs; the program expects {len(plan)}"
+            )
+        for (out, slot, size, dtype), got in zip(plan, results):
+            if (
+                slot is not None and isinstance(got, torch.Tensor)
+                and got.shape == size and got.dtype == dtype
+            ):
+                box[slot] = got
+            else:
+                _store(out, got, frame)
+                if slot is not None:  # not as planned after all: the caller gets a copy
+                    box[slot] = out.tensor.clone()
+
+    return call
 
 
 def _fresh_call(

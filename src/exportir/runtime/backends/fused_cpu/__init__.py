@@ -61,9 +61,11 @@ def decode(blob: bytes | memoryview) -> FusedProgram:
 
 class FusedCpuRuntime:
     """The delegate-registry entry: ``init(processed, compile_specs)`` validates and compiles
-    the blob, ``execute(handle, inputs)`` runs it."""
+    the blob, ``execute(handle, inputs)`` runs it. Its outputs are new tensors on every call
+    (``fresh_outputs``): the runtime may hand them to the caller without copying."""
 
     __slots__ = ()
+    fresh_outputs = True
 
     def init(self, processed: bytes | memoryview, compile_specs: Sequence[Any]) -> FusedProgram:
         return decode(processed)

@@ -49,6 +49,15 @@ SUBGRAPH_ARGS: dict[Any, tuple[int, ...]] = {
     higher_order.while_loop: (0, 1),
 }
 
+# operator -> position of the operand list its subgraphs' trailing placeholders read: tensors
+# lifted into a body (closures, constants) are appended there and as trailing placeholders of
+# every subgraph of the node (cond's operands, map's pos_args, while_loop's additional inputs)
+LIFTED_OPERANDS_ARG: dict[Any, int] = {
+    higher_order.cond: 3,
+    higher_order.map_impl: 2,
+    higher_order.while_loop: 3,
+}
+
 
 class SubgraphRecorder(Recorder):
     """Records one body; tensors of enclosing graphs are lifted to placeholders on first use."""

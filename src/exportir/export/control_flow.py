@@ -38,6 +38,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from exportir import pytree
 from exportir.export._cf_trace import (
+    LIFTED_OPERANDS_ARG,
+    SUBGRAPH_ARGS,
     ControlFlowError,
     Traced,
     attach_subgraphs,
@@ -53,7 +55,13 @@ from exportir.export.fake import FakeTensor, _no_modes, fake_from_meta, fake_lik
 
 higher_order = torch.ops.higher_order
 
-__all__ = ["ControlFlowError", "ControlFlowMode", "attach_subgraphs"]
+__all__ = [
+    "LIFTED_OPERANDS_ARG",
+    "SUBGRAPH_ARGS",
+    "ControlFlowError",
+    "ControlFlowMode",
+    "attach_subgraphs",
+]
 
 
 class ControlFlowMode(TorchFunctionMode):

@@ -5,5 +5,6 @@
   constant tensors;
 - :mod:`~exportir.passes.to_edge`: ATen ops -> edge ops, removal of assertion ops.
 
-``exportir.program.manager.to_edge`` runs them in that order (after decomposition).
+``exportir.program.manager.to_edge`` runs them in that order (after decomposition). Each
+reaches the bodies of ``cond`` / ``map`` / ``while_loop`` nodes, nested to any depth.
 """

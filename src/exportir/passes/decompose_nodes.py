@@ -70,7 +70,7 @@ def decompose_nodes(
     signature, renames = _signature_after_rewrite(program.graph_signature, gm)
     constants = dict(program.constants)
     if edge:
-        lifted = scalar_to_tensor(gm.graph, signature, constants)
+        lifted = scalar_to_tensor(gm, signature, constants)
         OpReplacePass()(gm)
         signature = ExportGraphSignature(lifted.input_specs, list(signature.output_specs))
         constants = lifted.constants

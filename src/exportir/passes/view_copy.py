@@ -53,13 +53,15 @@ class ReplaceViewOpsWithViewCopyPass(PassBase):
         for module in graph_module.modules():
             if not isinstance(module, GraphModule):
                 continue
+            changed = False
             for node in _calls(module.graph):
                 if not isinstance(node.target, OpOverload):
                     continue
                 copy = view_copy_of(node.target)
                 if copy is not None:
                     node.target = copy
-                    modified = True
-            if modified:
+                    changed = True
+            if changed:
                 module.recompile()
+                modified = True
         return PassResult(graph_module, modified)

@@ -98,7 +98,7 @@ def edge_from_core_aten(aten_ep: ExportedProgram, config: EdgeCompileConfig) -> 
     gm = aten_ep.graph_module
     for gm_pass in (RemoveGraphAssertsPass(), ReplaceViewOpsWithViewCopyPass()):
         gm_pass(gm)
-    lifted = scalar_to_tensor(gm.graph, aten_ep.graph_signature, dict(aten_ep.constants))
+    lifted = scalar_to_tensor(gm, aten_ep.graph_signature, dict(aten_ep.constants))
     OpReplacePass()(gm)
     gm.recompile()
     signature = ExportGraphSignature(lifted.input_specs, list(aten_ep.graph_signature.output_specs))

@@ -636,7 +636,81 @@ class MethodEmitter:
             raise EmitError(f"node {node.name!r}: getitem {idx!r} of {src!r} has no value")
         self.node_value[node] = items[idx]
 
+    def emit_cond(self, node: Node) -> None:
+        """``cond(pred, true_graph, false_graph, operands)`` as ExecuTorch emits it::
+
+            JumpFalseCall(pred, false_start)
+            <true branch>;  MoveCall(result_i -> out_i)...
+            JumpFalseCall(False, end)            # over the false branch
+            false_start: <false branch>;  MoveCall(result_i -> out_i)...
+            end:
+
+        Both branches write the cond's own output values, which the rest of the method reads;
+        branch-local values are planned like any others (jumps only go forward)."""
+        pred, true_attr, false_attr, operands = node.args
+        val = node.meta.get("val")
+        if isinstance(val, (list, tuple)):
+            outs = tuple(self.new_tensor(v, f"{node.name}_{i}") for i, v in enumerate(val))
+            self.node_items[node] = outs
+        else:
+            outs = (self.new_tensor(val, node.name),)
+            self.node_value[node] = outs[0]
+        if isinstance(pred, Node):
+            pred_ref = self.node_ref(pred)
+        else:  # a Python bool predicate (the operator called directly)
+            pred_ref = self.literal(schema.Bool(bool(pred)))
+        to_false = self.open_jump(pred_ref, node)
+        self.emit_branch(kernels.get_attr(self.gm, true_attr.target), operands, outs, node)
+        to_end = self.open_jump(self.literal(schema.Bool(False)), node)
+        self.close_jump(to_false)
+        self.emit_branch(kernels.get_attr(self.gm, false_attr.target), operands, outs, node)
+        self.close_jump(to_end)
+
+    def open_jump(self, cond_ref: int, node: Node) -> int:
+        """A ``JumpFalseCall`` whose destination :meth:`close_jump` sets; returns its index."""
+        self.emit_instruction(lambda d: schema.JumpFalseCall(cond_ref, -1, d), node)
+        return len(self.instructions) - 1
+
+    def close_jump(self, index: int) -> None:
+        """Point the jump at ``index`` to the next instruction to be emitted."""
+        jump = self.instructions[index]
+        self.instructions[index] = schema.JumpFalseCall(
+            jump.cond_value, len(self.instructions), jump.debug
+        )
+
+    def emit_branch(self, body: Any, operands: Any, outs: tuple[int, ...], node: Node) -> None:
+        """Emit ``body``'s nodes inline (its placeholders bound to ``operands``), then move its
+        results into ``outs``."""
+        placeholders = body.graph.find_nodes(op="placeholder")
+        for ph, operand in zip(placeholders, operands):
+            if not isinstance(operand, Node):
+                raise EmitError(f"cond node {node.name!r}: operand {operand!r} is not a node")
+            for table in (self.node_value, self.node_items, self.constants):
+                if operand in table:
+                    table[ph] = table[operand]
+        owner, self.gm = self.gm, body
+        try:
+            for inner in body.graph.nodes:
+                if inner.op == "get_attr":
+                    obj = kernels.get_attr(body, inner.target)
+                    if isinstance(obj, torch.Tensor):
+                        self.constants[inner] = obj
+                elif inner.op == "call_function":
+                    self.current = inner
+                    self.emit_call(inner)
+                elif inner.op == "output":
+                    results = inner.args[0]
+                    flat = results if isinstance(results, (list, tuple)) else (results,)
+                    for value, out in zip(flat, outs):
+                        src = self.output_ref(value)
+                        self.emit_instruction(lambda d, s=src, t=out: schema.MoveCall(s, t, d), inner)
+        finally:
+            self.gm = owner
+
     def emit_call(self, node: Node) -> None:
+        if node.target is torch.ops.higher_order.cond:
+            self.emit_cond(node)
+            return
         kind = kernels.classify(node, self.gm)
         if kind == "getitem":
             self.emit_getitem(node)

@@ -19,16 +19,22 @@ the same model gives the same ``Program`` (and the same bytes).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from exportir.program import _emit_method, kernels, planning, schema, validate
-from exportir.program.kernels import EmitError, KernelCoverageError, source_line
+from exportir.program.kernels import (
+    ControlFlowNotSupportedError,
+    EmitError,
+    KernelCoverageError,
+    source_line,
+)
 
 __all__ = [
+    "ControlFlowNotSupportedError",
     "EmitConfig",
     "EmitError",
     "KernelCoverageError",
@@ -55,10 +61,9 @@ def check_kernel_coverage(
     config = config or EmitConfig()
     missing: dict[tuple[str, str], list[str]] = {}
     for method_name, ep in methods.items():
-        gm = ep.graph_module
-        for node in ep.graph.nodes:
-            if node.op != "call_function":
-                continue
+        for gm, node in _calls_with_branches(ep.graph_module):
+            if node.target in kernels.UNSUPPORTED_CONTROL_FLOW:
+                raise kernels.control_flow_error(node, method_name)
             kind = kernels.classify(node, gm)
             op = kernels.aten_op(node.target)
             if kind in ("kernel", "fallback") and config.kernel_available is not None:
@@ -86,6 +91,19 @@ def check_kernel_coverage(
         "(to_backend), or register a kernel for them in the runtime."
     )
     raise KernelCoverageError("\n".join(lines))
+
+
+def _calls_with_branches(gm: Any) -> Iterator[tuple[Any, Any]]:
+    """``(owning module, node)`` for every call_function node, cond branches included (the
+    emitter runs them inline)."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is torch.ops.higher_order.cond:
+            for attr in node.args[1:3]:
+                yield from _calls_with_branches(kernels.get_attr(gm, attr.target))
+            continue
+        yield gm, node
 
 
 def _resolvable(op: Any) -> bool:

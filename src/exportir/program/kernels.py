@@ -287,6 +287,44 @@ class KernelCoverageError(EmitError):
     """Some nodes have no kernel the runtime can run; lists every op, node and source line."""
 
 
+class ControlFlowNotSupportedError(EmitError, NotImplementedError):
+    """A control-flow construct the program format cannot run yet (names node, line, fix)."""
+
+
+_higher_order = torch.ops.higher_order
+
+# control-flow operator -> (what the user wrote, the way out) for constructs not emitted
+UNSUPPORTED_CONTROL_FLOW: dict[Any, tuple[str, str]] = {
+    _higher_order.map_impl: (
+        "map (functorch.experimental.control_flow.map)",
+        (
+            "unroll it in Python over the (static) leading dimension and torch.stack the "
+            "results, or vectorize the body (it runs on one slice)"
+        ),
+    ),
+    _higher_order.while_loop: (
+        "torch.while_loop",
+        (
+            "unroll it in Python when the trip count is static, or compute a fixed number of "
+            "steps and select the result with torch.where"
+        ),
+    ),
+}
+
+
+def control_flow_error(node: Node, method: str) -> ControlFlowNotSupportedError:
+    """The error for a control-flow ``node`` the emitter does not run."""
+    construct, fix = UNSUPPORTED_CONTROL_FLOW[node.target]
+    where = source_line(node)
+    return ControlFlowNotSupportedError(
+        f"to_program: {construct} is not supported by the program format yet "
+        f"(node {node.name!r} of method {method!r}"
+        + (f", from {where}" if where else "")
+        + f"). Way out: {fix}; or delegate the computation to a backend (to_backend), or run "
+        "the ExportedProgram itself (ep.module())."
+    )
+
+
 _DTYPES: dict[torch.dtype, schema.ScalarType] = {
     getattr(torch, name): st for st, name in schema.TORCH_DTYPE_NAME.items() if hasattr(torch, name)
 }

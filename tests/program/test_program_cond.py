@@ -1,0 +1,202 @@
+"""torch.cond through to_edge -> to_program -> file bytes -> runtime, on inputs taking every
+branch, compared with eager; the emitted jumps and the memory plan around them; and the clear
+error for the control flow the program format does not run (map, while_loop)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from corpus import export_harness as h
+from corpus.control_flow_models import PROGRAMS
+from torch import nn
+
+from exportir.export import export
+from exportir.program import planning, schema
+from exportir.program.emit import ControlFlowNotSupportedError, EmitError
+from exportir.program.manager import to_edge
+from exportir.runtime import Program
+
+COND_PROGRAMS = [name for name in PROGRAMS if name.startswith("cond")]
+
+
+def _program(module: nn.Module, example: tuple):
+    return to_edge(export(module, example)).to_program()
+
+
+def _check_runs(module: nn.Module, example: tuple, inputs: list[tuple]) -> schema.Program:
+    pm = _program(module, example)
+    loaded = Program.load(pm.buffer)
+    for args in inputs:
+        expected = module(*args, eager=True)
+        got = loaded(*args)
+        for a, e in zip(h.leaves(got), h.leaves(expected)):
+            torch.testing.assert_close(a, e)
+    return pm.program
+
+
+def _verify(method: schema.Method) -> None:
+    """The stored plan against lifetimes recomputed from the schedule (jumps included)."""
+    allocations = {
+        i: v.storage
+        for i, v in enumerate(method.values)
+        if isinstance(v, schema.Tensor) and isinstance(v.storage, schema.Allocation)
+    }
+    spans = planning.lifetimes(method.values, method.instructions, method.outputs)
+    plan = planning.MemoryPlan(
+        method.plan.arenas,
+        allocations,
+        method.plan.lower_bound,
+        alignment=method.plan.alignment,
+        lifetimes=spans,
+        views=planning.view_bases(method.values),
+    )
+    planning.verify_plan(plan)
+
+
+@pytest.mark.parametrize("name", COND_PROGRAMS)
+def test_cond_corpus_runs_every_branch(name: str) -> None:
+    torch.manual_seed(0)
+    factory, example, inputs = PROGRAMS[name]
+    program = _check_runs(factory(), example, inputs)
+    _verify(program.methods[0])
+
+
+def _jumps(method: schema.Method) -> list[tuple[int, schema.JumpFalseCall]]:
+    return [
+        (i, j) for i, j in enumerate(method.instructions) if isinstance(j, schema.JumpFalseCall)
+    ]
+
+
+def test_cond_schedule_shape() -> None:
+    """jump_false pred -> false; true branch; moves; jump over; false branch; moves."""
+    factory, example, _ = PROGRAMS["cond_two_outputs"]
+    method = _program(factory(), example).program.methods[0]
+    (first, to_false), (second, over) = _jumps(method)
+    assert to_false.dest == second + 1
+    assert method.values[over.cond_value] == schema.Bool(False)
+    assert over.dest == len(method.instructions) or over.dest > second
+    moves = [i for i, ins in enumerate(method.instructions) if isinstance(ins, schema.MoveCall)]
+    true_moves = [i for i in moves if first < i < second]
+    false_moves = [i for i in moves if second < i < over.dest]
+    assert len(true_moves) == len(false_moves) == 2
+    # both branches write the same output values
+    dst = [method.instructions[i].dst for i in true_moves]
+    assert dst == [method.instructions[i].dst for i in false_moves]
+
+
+class ScalarPredViews(nn.Module):
+    """Views and scalars in both branches; the predicate a scalar read from a tensor."""
+
+    def forward(self, x, eager=False):
+        def t(a):
+            return a.view(6).unsqueeze(0).permute(1, 0) * 3, a.t()[0] + 1
+
+        def f(a):
+            return a.reshape(6, 1) - 2, a[:, 1].sin()
+
+        if eager:
+            return t(x) if x[0, 0].item() > 0 else f(x)
+        return torch.cond(x[0, 0] > 0, t, f, (x,))
+
+
+class Lifted(nn.Module):
+    """Branches closing over a parameter, a buffer and an outer intermediate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor([1.0, -2.0, 3.0]))
+        self.register_buffer("b", torch.tensor([0.5, 0.25, 0.125]))
+
+    def forward(self, x, eager=False):
+        z = x.relu() + 1
+
+        def t(a):
+            return a * self.w + z
+
+        def f(a):
+            return a - self.b * z
+
+        if eager:
+            return t(x) if x.sum() > 0 else f(x)
+        return torch.cond(x.sum() > 0, t, f, (x,))
+
+
+class NestedThree(nn.Module):
+    """cond in both branches of a cond, intermediates used after the cond."""
+
+    def forward(self, x, eager=False):
+        def it(a):
+            return a.exp()
+
+        def if_(a):
+            return a.abs() + 5
+
+        def t(a):
+            if eager:
+                return it(a) if a.mean() > 0.5 else if_(a)
+            return torch.cond(a.mean() > 0.5, it, if_, (a,))
+
+        def f(a):
+            if eager:
+                return if_(a) if a.mean() < -0.5 else it(a)
+            return torch.cond(a.mean() < -0.5, if_, it, (a,))
+
+        y = x * 2
+        if eager:
+            r = t(y) if x.sum() > 0 else f(y)
+        else:
+            r = torch.cond(x.sum() > 0, t, f, (y,))
+        return r + y
+
+
+@pytest.mark.parametrize(
+    ("factory", "inputs"),
+    [
+        (
+            ScalarPredViews,
+            [(torch.rand(2, 3) + 0.1,), (-torch.rand(2, 3) - 0.1,)],
+        ),
+        (Lifted, [(torch.rand(3) + 0.1,), (-torch.rand(3) - 0.1,)]),
+        (
+            NestedThree,
+            [
+                (torch.tensor([1.4, 1.1, 1.2]),),
+                (torch.tensor([0.1, 0.1, 0.1]),),
+                (torch.tensor([-1.4, -1.1, 0.2]),),
+                (torch.tensor([-0.1, -0.1, 0.05]),),
+            ],
+        ),
+    ],
+)
+def test_cond_programs_run_every_branch(factory, inputs) -> None:
+    torch.manual_seed(0)
+    program = _check_runs(factory(), inputs[0], inputs)
+    _verify(program.methods[0])
+
+
+def test_branch_values_of_both_branches_share_memory() -> None:
+    """The branches never run together: the plan may reuse one branch's memory in the other,
+    while the cond's outputs stay live across both."""
+    factory, example, _ = PROGRAMS["cond_two_outputs"]
+    method = _program(factory(), example).program.methods[0]
+    spans = planning.lifetimes(method.values, method.instructions, method.outputs)
+    (_, _), (second, over) = _jumps(method)
+    moves = [ins for ins in method.instructions if isinstance(ins, schema.MoveCall)]
+    for move in moves:  # outputs of the cond: live from the true branch's move to the end
+        assert spans[move.dst].last >= over.dest - 1
+        assert spans[move.dst].first < second
+
+
+@pytest.mark.parametrize(
+    ("name", "construct"),
+    [("map_closures", "map"), ("while_counter", "torch.while_loop")],
+)
+def test_map_and_while_loop_raise_a_clear_error(name: str, construct: str) -> None:
+    factory, example, _ = PROGRAMS[name]
+    edge = to_edge(export(factory(), example))
+    with pytest.raises(ControlFlowNotSupportedError) as info:
+        edge.to_program()
+    message = str(info.value)
+    assert construct in message and "control_flow_models.py:" in message
+    assert "Way out" in message and "to_backend" in message
+    assert isinstance(info.value, NotImplementedError) and isinstance(info.value, EmitError)

@@ -276,3 +276,15 @@ def test_changing_arguments_at_any_positions(changing):
     with torch.no_grad():
         kernel.bind([*args, got], changing)(*[real[p] for p in changing])
     _same(got, torch.addmm(bias, x, w, beta=0.5, alpha=2.0))
+
+
+def test_kernels_of_torch_ops_are_shared_across_registries_but_registrations_are_not():
+    from exportir.runtime.kernels import Kernel, KernelRegistry, default_kernel_registry
+
+    first, second = default_kernel_registry(), default_kernel_registry()
+    assert first.lookup("aten::add.out") is second.lookup("aten::add.out")  # made once
+    custom = KernelRegistry()
+    mine = Kernel("aten::add.out", lambda args: None, 4, (3,))
+    custom.register(mine)
+    assert custom.lookup("aten::add.out") is mine
+    assert default_kernel_registry().lookup("aten::add.out") is not mine

@@ -234,6 +234,13 @@ def _copy_view_call(name: str, op: torch._ops.OpOverload, args: Sequence[object]
     return Call(run, tuple(positional), {})
 
 
+# Per operator name: fast / functional entries by argument kinds, for the whole process.
+_CHOSEN: dict[str, dict] = {}
+_FUNCTIONALS: dict[str, dict] = {}
+# Kernels made for torch's operators (KernelRegistry.lookup), by name, with the op they wrap.
+_RESOLVED: dict[str, tuple[torch._ops.OpOverload, Kernel]] = {}
+
+
 def kernel_from_op(name: str, op: torch._ops.OpOverload) -> Kernel:
     """Wrap an ATen (or custom) ``OpOverload`` in the instruction calling convention."""
     arguments = op._schema.arguments
@@ -254,9 +261,10 @@ def kernel_from_op(name: str, op: torch._ops.OpOverload) -> Kernel:
         def fn(args: Sequence[object]) -> object:
             return call(*args)
 
-    chosen: dict = {}  # fast entries by argument kinds (bindings.fast_call)
-
-    functionals: dict = {}  # functional entries by argument kinds (bindings.functional_call)
+    # entries chosen by argument kinds, shared by every load in the process (the choice depends
+    # only on the operator and the kinds; observing it costs a dispatch per entry tried)
+    chosen = _CHOSEN.setdefault(name, {})  # bindings.fast_call
+    functionals = _FUNCTIONALS.setdefault(name, {})  # bindings.functional_call
 
     def binder(
         args: Sequence[object], changing: Sequence[int], unread: Sequence[int], functional: bool
@@ -410,9 +418,11 @@ class KernelRegistry:
         op = _lookup_torch_op(canonical.removesuffix(schema.FUNCTIONAL_FALLBACK))
         if op is None:
             return None
-        make = fallback_kernel_from_op if fallback else kernel_from_op
-        kernel = make(canonical, op)
-        self._kernels[canonical] = kernel
+        shared = _RESOLVED.get(canonical)
+        if shared is None or shared[0] is not op:  # kernels of torch's ops serve every registry
+            make = fallback_kernel_from_op if fallback else kernel_from_op
+            shared = _RESOLVED[canonical] = (op, make(canonical, op))
+        kernel = self._kernels[canonical] = shared[1]
         return kernel
 
     def __contains__(self, name: object) -> bool:

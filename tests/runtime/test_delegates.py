@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 from runtime_programs import MethodBuilder, program_of
@@ -193,3 +195,20 @@ def test_a_fresh_backend_returning_the_wrong_shape_later_fails_naming_the_call()
         method(x, x)
     backend.shape = (2, 2)
     torch.testing.assert_close(method(x, x)[0], x * 3)  # checked again, then fine
+
+
+def test_a_fresh_backend_returning_too_many_results_later_fails_naming_the_call():
+    backend = BufferBackend(fresh=True)
+    method = Program.from_schema(_output_only_program(), delegates=_registry(backend)).method()
+    x = torch.randn(2, 2)
+    method(x, x)
+    method(x, x)  # trusted from here on
+    backend.outputs = 2
+    original = BufferBackend.execute
+
+    def twice(self, handle, inputs):
+        return original(self, handle, inputs) * self.outputs
+
+    backend.execute = types.MethodType(twice, backend)
+    with pytest.raises(RuntimeFailure, match="delegate returned 2 outputs; the program expects 1"):
+        method(x, x)

@@ -454,11 +454,9 @@ class Method:
         resolve = self._resolve
 
         def step(values: list[Any]) -> int:
-            results = backend.execute(handle, [resolve(values, i) for i in args])
-            if len(results) != len(outs):
-                raise ValueError(
-                    f"delegate returned {len(results)} outputs; the program expects {len(outs)}"
-                )
+            results = _delegate_results(
+                backend.execute(handle, [resolve(values, i) for i in args]), len(outs)
+            )
             for out, got in zip(outs, results):
                 _store(out, got, values)
             return nxt
@@ -921,6 +919,12 @@ class _Fresh:
     slot: int
 
 
+def _delegate_results(results: Sequence[Any], expected: int) -> Sequence[Any]:
+    if len(results) != expected:
+        raise ValueError(f"delegate returned {len(results)} outputs; the program expects {expected}")
+    return results
+
+
 def _delegate_call(
     backend: Any,
     handle: Any,
@@ -949,11 +953,7 @@ def _delegate_call(
             return [got] if one else list(got)
 
     def call() -> None:
-        results = backend.execute(handle, inputs())
-        if len(results) != len(plan):
-            raise ValueError(
-                f"delegate returned {len(results)} outputs; the program expects {len(plan)}"
-            )
+        results = _delegate_results(backend.execute(handle, inputs()), len(plan))
         for (out, slot, size, dtype), got in zip(plan, results):
             if (
                 slot is not None and isinstance(got, torch.Tensor)

@@ -660,27 +660,6 @@ def _fakify_leaf(leaf: Any, spec: Any, env: ShapeEnv) -> Any:
     return leaf
 
 
-def mark_dynamic_for_test(
-    flat_inputs: list, names: list[str], marks: dict[int, dict[int, tuple[int, Any]]],
-    shape_env: ShapeEnv,
-) -> DimsSpec:
-    """A ``dims_spec`` giving each marked dim (input index -> {dim: (min, max)}) its own symbol.
-
-    Test-only stand-in for export/dynamic_shapes.py, which builds specs from ``Dim`` objects.
-    """
-    from exportir.symbolic import ValueRanges
-
-    spec: DimsSpec = [None] * len(flat_inputs)
-    for i, dims in marks.items():
-        spec[i] = {
-            d: shape_env.create_backed_symbol(
-                flat_inputs[i].size(d), f"{names[i]}.size()[{d}]", vr=ValueRanges.of(lo, hi)
-            )
-            for d, (lo, hi) in dims.items()
-        }
-    return spec
-
-
 def _user_inputs(
     rec: Recorder, mod: torch.nn.Module, args: tuple, kwargs: dict, flat: list,
     dims_spec: Any = None,

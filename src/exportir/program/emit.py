@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from exportir.program import _emit_method, kernels, planning, schema, validate
+from exportir.program import _emit_method, kernels, schema, validate
 from exportir.program.kernels import (
     ControlFlowNotSupportedError,
     EmitError,
@@ -145,7 +145,3 @@ def emit_program(
     )
     validate.validate_program(program)
     return program
-
-
-def plan_summary(plan: planning.MemoryPlan) -> schema.MethodPlan:
-    return schema.MethodPlan(plan.arenas, plan.lower_bound, plan.alignment)

@@ -63,10 +63,6 @@ class MemoryPlan:
     names: Mapping[int, str] = field(default_factory=dict)
     views: Mapping[int, int] = field(default_factory=dict)
 
-    @property
-    def total_bytes(self) -> int:
-        return sum(self.arenas)
-
 
 def align_up(n: int, alignment: int) -> int:
     return (n + alignment - 1) // alignment * alignment

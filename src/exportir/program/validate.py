@@ -11,7 +11,6 @@ forward, so a method always terminates. Imports only the standard library and th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from exportir.program import planning, schema
@@ -323,9 +322,3 @@ def validate_program(program: schema.Program, limits: LoadLimits = DEFAULT_LIMIT
             raise _fail("empty backend id", f"delegates[{i}].backend_id")
     for i in range(len(program.methods)):
         validate_method(program, i, limits)
-
-
-def check_names(names: Sequence[str], field: str) -> None:
-    for k, n in enumerate(names):
-        if not isinstance(n, str):
-            raise _fail(f"name {n!r} is not a string", f"{field}[{k}]")

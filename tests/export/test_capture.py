@@ -407,3 +407,38 @@ def test_strict_mode_is_not_implemented():
     mod, args, kwargs = _basic()
     with pytest.raises(NotImplementedError, match="non-strict"):
         export(mod, args, kwargs, strict=True)
+
+
+# ----------------------------------------------------------------------------- what code sees
+
+
+class _SeesFlags(nn.Module):
+    """Records what torch.compiler says while forward runs (libraries branch on it)."""
+
+    seen: tuple = ()
+
+    def forward(self, x):
+        type(self).seen = (torch.compiler.is_compiling(), torch.compiler.is_exporting())
+        return x + 1
+
+
+def test_forward_sees_is_compiling_and_is_exporting_like_torch_export():
+    m = _SeesFlags()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.export.export(m, (torch.ones(2),), strict=False)
+    torch_seen = _SeesFlags.seen
+    export(m, (torch.ones(2),))
+    assert _SeesFlags.seen == torch_seen == (True, True)
+    # and both are restored afterwards
+    assert not torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+
+
+def test_flags_restored_when_forward_raises():
+    class Boom(nn.Module):
+        def forward(self, x):
+            raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        export(Boom(), (torch.ones(2),))
+    assert not torch.compiler.is_compiling() and not torch.compiler.is_exporting()

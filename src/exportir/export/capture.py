@@ -390,6 +390,28 @@ class TraceSettings:
             self._dispatcher.__exit__(*exc)
 
 
+class ExportingFlags:
+    """What torch.export tells the code it traces: ``torch.compiler.is_compiling()`` and
+    ``torch.compiler.is_exporting()`` are True while the user's ``forward`` runs.
+
+    Libraries branch on them (transformers skips data-dependent fast paths such as
+    ``if (mask == 0).all()``); torch.export sets the same two module flags for the duration of
+    tracing, and so do we, restoring them on exit.
+    """
+
+    __slots__ = ("_saved",)
+
+    def __enter__(self) -> Self:
+        flags = torch.compiler
+        self._saved = (flags._is_compiling_flag, flags._is_exporting_flag)
+        flags._is_compiling_flag = True
+        flags._is_exporting_flag = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch.compiler._is_compiling_flag, torch.compiler._is_exporting_flag = self._saved
+
+
 # --- checks ------------------------------------------------------------------------------
 
 
@@ -569,7 +591,7 @@ def capture(
     try:
         with ModuleState(mod) as state, ModuleCalls(mod) as calls, TorchFunctions() as functions:
             rec.modules, rec.functions = calls, functions
-            with TraceSettings(), CaptureMode(rec), _control_flow().ControlFlowMode():
+            with ExportingFlags(), TraceSettings(), CaptureMode(rec), _control_flow().ControlFlowMode():
                 out = mod(*fake_args, **fake_kwargs)
                 reassigned = {
                     fqn: rec.node_for(t) for fqn, t in state.reassigned_buffers().items()

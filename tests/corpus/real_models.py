@@ -81,7 +81,11 @@ class RealCase:
         from torch.export import Dim
 
         lo, hi = self.spec.seq_range
-        named = {"batch": Dim("batch", min=1, max=16), "seq": Dim("seq", min=lo, max=hi)}
+        named = {
+            "batch": Dim("batch", min=1, max=16),
+            "seq": Dim("seq", min=lo, max=hi),
+            "dseq": Dim("dseq", min=1, max=hi),
+        }
         return {
             name: ({d: named[k] for d, k in self.spec.dims[name].items()}
                    if name in self.spec.dims else None)
@@ -132,10 +136,12 @@ def seq2seq_inputs(batch: int, seq: int, seed: int) -> dict[str, Any]:
     }
 
 
+
+# the decoder's length follows the encoder's in the examples (seq // 2) but is its own dim
 SEQ2SEQ_DIMS = {
     "input_ids": {0: "batch", 1: "seq"},
     "attention_mask": {0: "batch", 1: "seq"},
-    "decoder_input_ids": {0: "batch"},
+    "decoder_input_ids": {0: "batch", 1: "dseq"},
 }
 
 
@@ -175,14 +181,14 @@ def _tf() -> Any:
     return transformers
 
 
-TINY_TEXT = dict(
-    vocab_size=VOCAB,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=64,
-    max_position_embeddings=64,
-)
+TINY_TEXT = {
+    "vocab_size": VOCAB,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 64,
+    "max_position_embeddings": 64,
+}
 
 
 def hf(config: str, model: str, **overrides: Any) -> Callable[[], torch.nn.Module]:
@@ -205,7 +211,7 @@ def hf_kwargs(config: str, model: str, **cfg: Any) -> Callable[[], torch.nn.Modu
     return hf(config, model, _base={}, **cfg)
 
 
-LLM = dict(num_key_value_heads=2, tie_word_embeddings=False)
+LLM = {"num_key_value_heads": 2, "tie_word_embeddings": False}
 
 
 def _static_cache_lm(config: str, model: str, **cfg: Any) -> Callable[[], torch.nn.Module]:

@@ -3,9 +3,10 @@
 The user's ``forward`` runs with the ordinary interpreter. Inputs are fake tensors, parameters
 and buffers stay the module's real tensors but are mapped to fakes (and to placeholders) the
 first time an op touches them, and a ``TorchDispatchMode`` records each ATen op reaching the
-dispatcher (below autograd, so CompositeImplicitAutograd ops arrive decomposed: ``linear`` as
-``t`` + ``addmm``) into an :class:`exportir.fx.Graph`. Python values are static: they are burned
-into the graph as literals, branches take the traced path and loops unroll.
+dispatcher into an :class:`exportir.fx.Graph`. Composite-implicit ops torch.export keeps whole
+(``linear``, ``conv2d``, ``scaled_dot_product_attention``...) reach the recorder whole and become
+one node each (_composite.py); the others arrive decomposed. Python values are static: they are
+burned into the graph as literals, branches take the traced path and loops unroll.
 
 The recorded graph still has in-place ops, ``out=`` ops and views of state; functionalize.py
 turns it into the functional form and adds the mutation outputs.
@@ -24,7 +25,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from exportir import pytree
-from exportir.export._composite import KEPT_WHOLE, CompositeOverrides
+from exportir.export._composite import (
+    CompositeOverrides,
+    is_cia,
+    preservable_cia_ops,
+    with_grad_of,
+)
 from exportir.export._node_meta import (
     ModuleCalls,
     TorchFunctions,
@@ -35,6 +41,7 @@ from exportir.export._node_meta import (
 from exportir.export.fake import (
     FakeConverter,
     FakeTensor,
+    FakeTensorMode,
     fake_like,
     fakify,
     run_fake,
@@ -82,6 +89,9 @@ class Recorder:
         self.inputs: dict[Node, Lifted] = {}
         self.attr_constants: dict[int, str] = {}
         self.decomposition_table = decomposition_table
+        # composite-implicit ops recorded as one node, and those routed whole to dispatch
+        self.preserved, self.whole = composite_plan(decomposition_table)
+        self.fresh_factory: Any = None  # the result of a factory op, while it is the last op
         self.modules: ModuleCalls | None = None
         self.functions: TorchFunctions | None = None
         self.origin: Node | None = None  # retrace: the node being re-run (meta is copied)
@@ -186,13 +196,35 @@ class Recorder:
         return node
 
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        fresh, self.fresh_factory = self.fresh_factory, None
+        if func is aten.detach.default and fresh is not None and args[0] is fresh:
+            return self._same_node(func, args, kwargs)
+        out = self._dispatch(func, args, kwargs)
+        if _is_factory(func):
+            self.fresh_factory = out
+        return out
+
+    def _same_node(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """The ``detach`` torch's Python binding of a factory (``torch.arange``...) applies to
+        the tensor it made: the result stands for the same node (torch.export, which traces
+        above that binding's C++ code, never sees it either)."""
+        out = run_fake(func, args, kwargs, self.converter)
+        self.nodes[id(out)] = (out, self.node_for(args[0]))
+        return out
+
+    def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         table = self.decomposition_table
         if table and func in table:
             with self.mode:
-                return table[func](*args, **kwargs)
+                out = table[func](*args, **kwargs)
+            if out is not NotImplemented:  # a table entry may decline (torch's convention)
+                return out
+            return self.record_whole(func, args, kwargs)
         special = SPECIAL_OPS.get(func)
         if special is not None:
             return special(self, func, args, kwargs)
+        if func in self.preserved:
+            return self.record_whole(func, args, kwargs)
         if _is_composite_implicit(func):
             # reached below autograd (from inside a decomposition): decompose like autograd would
             with self.mode:
@@ -210,6 +242,19 @@ class Recorder:
             return out
         if not _has_tensor(out):
             return out
+        self.record(func, args, kwargs, out)
+        return out
+
+    def record_whole(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """A composite op kept whole: one node. Its value comes from its composite kernel run
+        on the fakes, unrecorded (as torch.export's fake rule for kept ops does: kernels that
+        branch on the device, like ``scaled_dot_product_attention``'s, see the real one)."""
+        out = composite_value(func, args, kwargs, self.converter)
+        if isinstance(out, torch.Tensor) and id(out) in self.nodes:
+            # the kernel handed back its input (``type_as`` of the same dtype): the kept op
+            # is a node of its own, so its value is a tensor of its own
+            out = fake_like(out)
+        out = with_grad_of(out, args)
         self.record(func, args, kwargs, out)
         return out
 
@@ -313,16 +358,12 @@ class CaptureMode(TorchDispatchMode):
 
 
 def _lift_fresh(rec: Recorder, func: Any, args: tuple, kwargs: dict) -> Any:
-    """``torch.tensor(data)`` in forward: the data becomes a lifted constant, copied fresh."""
+    """``torch.tensor(data)`` in forward: the data becomes a lifted constant, copied fresh
+    (``clone``, the op torch.export's functionalization makes of ``lift_fresh_copy``)."""
     const = rec.converter.from_real(args[0])
     out = fake_like(const, requires_grad=False)
-    rec.record(aten.lift_fresh_copy.default, (const,), {}, out)
+    rec.record(aten.clone.default, (const,), {}, out)
     return out
-
-
-def _kept_whole(rec: Recorder, func: Any, args: tuple, kwargs: dict) -> Any:
-    """A composite op torch keeps whole (_composite.KEPT_WHOLE): one node, not its parts."""
-    return rec.run_and_record(func, args, kwargs)
 
 
 def _assert_tensor_metadata(rec: Recorder, func: Any, args: tuple, kwargs: dict) -> None:
@@ -351,8 +392,15 @@ SPECIAL_OPS: dict[Any, SpecialRule] = {
     aten.lift_fresh.default: _lift_fresh,
     aten.lift_fresh_copy.default: _lift_fresh,
     aten._assert_tensor_metadata.default: _assert_tensor_metadata,
-    **dict.fromkeys(KEPT_WHOLE, _kept_whole),
 }
+
+
+@cache
+def _is_factory(func: Any) -> bool:
+    """An op taking tensor options (``arange``, ``zeros_like``...): Python bindings of these
+    hand the result through ``make_variable``, which detaches it."""
+    schema = getattr(func, "_schema", None)
+    return schema is not None and any(a.name == "pin_memory" for a in schema.arguments)
 
 
 @cache
@@ -361,6 +409,33 @@ def _is_composite_implicit(func: Any) -> bool:
     if name is None:
         return False
     return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+
+
+def composite_plan(table: dict | None) -> tuple[frozenset[Any], frozenset[Any]]:
+    """(ops recorded whole, ops routed whole to the recorder) for a decomposition table.
+
+    As torch.export's ``run_decompositions(table)``: every preservable composite-implicit op
+    the table does not name stays one node; a composite op the table names reaches the
+    recorder whole too, to be decomposed by the table's entry rather than by its kernel.
+    """
+    preservable = preservable_cia_ops()
+    if not table:
+        return preservable, preservable
+    named = frozenset(op for op in table if is_cia(op))
+    return preservable - named, preservable | named
+
+
+def composite_value(func: Any, args: tuple, kwargs: dict, converter: FakeConverter) -> Any:
+    """``func``'s result on fakes through its composite kernel, recording nothing."""
+    env = converter.shape_env
+    if env is not None:  # sizes computed inside the kernel are not user arithmetic
+        env.listener_paused += 1
+    try:
+        with torch._C._AutoDispatchBelowAutograd(), FakeTensorMode(converter):
+            return func.decompose(*args, **kwargs)
+    finally:
+        if env is not None:
+            env.listener_paused -= 1
 
 
 class TraceSettings:
@@ -372,14 +447,17 @@ class TraceSettings:
     recorded ops are then the ones torch.export's decomposition produces.
     """
 
-    __slots__ = ("_composite", "_dispatcher", "_mkldnn")
+    __slots__ = ("_composite", "_dispatcher", "_mkldnn", "_whole")
+
+    def __init__(self, whole: frozenset[Any] = frozenset()) -> None:
+        self._whole = whole  # composite ops that reach the recorder whole (_composite.py)
 
     def __enter__(self) -> Self:
         self._dispatcher = torch._C._EnablePythonDispatcher()
         self._dispatcher.__enter__()
         self._mkldnn = torch._C._get_mkldnn_enabled()
         torch._C._set_mkldnn_enabled(False)
-        self._composite = CompositeOverrides().__enter__()
+        self._composite = CompositeOverrides(self._whole).__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -591,7 +669,7 @@ def capture(
     try:
         with ModuleState(mod) as state, ModuleCalls(mod) as calls, TorchFunctions() as functions:
             rec.modules, rec.functions = calls, functions
-            with ExportingFlags(), TraceSettings(), CaptureMode(rec), _control_flow().ControlFlowMode():
+            with ExportingFlags(), TraceSettings(rec.whole), CaptureMode(rec), _control_flow().ControlFlowMode():
                 out = mod(*fake_args, **fake_kwargs)
                 reassigned = {
                     fqn: rec.node_for(t) for fqn, t in state.reassigned_buffers().items()
@@ -786,7 +864,9 @@ def retrace(
 
     rec.shape_env.op_listener = rec.on_sym_op  # symbolic arithmetic nodes are re-recorded
     try:
-        with TraceSettings(), CaptureMode(rec), _control_flow().ControlFlowMode():
+        # as torch's re-trace: no autograd (parameters still require grad, what they compute
+        # does not -- composite kernels such as matmul's branch on it)
+        with torch.no_grad(), TraceSettings(rec.whole), CaptureMode(rec), _control_flow().ControlFlowMode():
             for node in gm.graph.nodes:
                 if node.op == "call_function":
                     rec.origin = node

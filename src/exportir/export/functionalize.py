@@ -230,8 +230,9 @@ REWRITES: dict[Any, Callable[[Node], Rewrite | None]] = {
     aten.requires_grad_.default: _no_data_change,
 }
 
-# aliases that change nothing a graph can observe
-TRANSPARENT = {aten.alias.default, aten.detach.default, aten.lift_fresh.default}
+# aliases that change nothing a graph can observe and that torch.export drops (``alias`` and
+# ``detach`` stay: torch's functional graphs keep them as view nodes)
+TRANSPARENT = {aten.lift_fresh.default}
 
 # ops changing a tensor's shape/strides in place: not expressible by value rewriting
 METADATA_MUTATIONS = {

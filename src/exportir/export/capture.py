@@ -426,16 +426,36 @@ def composite_plan(table: dict | None) -> tuple[frozenset[Any], frozenset[Any]]:
 
 
 def composite_value(func: Any, args: tuple, kwargs: dict, converter: FakeConverter) -> Any:
-    """``func``'s result on fakes through its composite kernel, recording nothing."""
+    """``func``'s result on fakes through its composite kernel, recording nothing.
+
+    As torch.export computes it when it re-traces its graph: without autograd, where only
+    parameters require grad. (Kernels branch on it: ``scaled_dot_product_attention`` takes
+    its math path, whose result is laid out differently, for a mask that requires grad.)
+    """
+    args, kwargs = _map_tensors(_without_history, (args, kwargs))
     env = converter.shape_env
     if env is not None:  # sizes computed inside the kernel are not user arithmetic
         env.listener_paused += 1
     try:
-        with torch._C._AutoDispatchBelowAutograd(), FakeTensorMode(converter):
+        with torch._C._AutoDispatchBelowAutograd(), torch.no_grad(), FakeTensorMode(converter):
             return func.decompose(*args, **kwargs)
     finally:
         if env is not None:
             env.listener_paused -= 1
+
+
+def _without_history(t: torch.Tensor) -> torch.Tensor:
+    return t.detach() if t.grad_fn is not None else t
+
+
+def _map_tensors(fn: Callable[[torch.Tensor], Any], x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if type(x) in (list, tuple):
+        return type(x)(_map_tensors(fn, a) for a in x)
+    if type(x) is dict:
+        return {k: _map_tensors(fn, v) for k, v in x.items()}
+    return x
 
 
 class TraceSettings:

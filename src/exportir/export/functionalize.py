@@ -310,7 +310,7 @@ SCATTERS: dict[Any, Scatter] = {
     aten.permute.default: _permute_back,
     aten.transpose.int: _same_op,
     aten.t.default: _same_op,
-    aten.alias.default: _identity,
+    aten.alias.default: _same_op,  # torch writes back through an alias with an alias
     aten.detach.default: _identity,
 }
 
@@ -356,6 +356,9 @@ class Functionalizer:
         parent = chain[-2] if len(chain) > 1 else root
         base = self.read(parent)
         fresh = self.emit(n.target, (base, *map(self.map_arg, n.args[1:])), self._map_kwargs(n))
+        for key in _META_KEYS:  # regenerated for the output node, which has no source
+            if key not in fresh.meta and key in n.meta:
+                fresh.meta[key] = n.meta[key]
         self.value[n] = fresh
         self.stamp[n] = self.version[root]
         return fresh

@@ -149,6 +149,24 @@ def preservable_cia_ops() -> frozenset[OpOverload]:
     return _preservable_aten() | _preservable_custom(custom)
 
 
+def kept_cia_ops() -> frozenset[OpOverload]:
+    """The preservable CIA ops capture records as one node: those returning tensors only.
+    (``is_nonzero`` -- ``bool(tensor)`` -- returns a Python bool: it is a question about a
+    value, answered by decomposing it, not a node.)"""
+    return _tensor_valued(preservable_cia_ops())
+
+
+@functools.lru_cache(maxsize=8)
+def _tensor_valued(ops: frozenset[OpOverload]) -> frozenset[OpOverload]:
+    return frozenset(op for op in ops if _returns_tensors(op))
+
+
+def _returns_tensors(op: OpOverload) -> bool:
+    returns = op._schema.returns
+    tensor, tensors = torch._C.TensorType.get(), torch._C.ListType(torch._C.TensorType.get())
+    return bool(returns) and all(r.type == tensor or r.type == tensors for r in returns)
+
+
 # --------------------------------------------------------------------------- the kernels
 
 

@@ -22,13 +22,13 @@ from typing import Any, Self
 
 import sympy
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from exportir import pytree
 from exportir.export._composite import (
     CompositeOverrides,
     is_cia,
-    preservable_cia_ops,
+    kept_cia_ops,
     with_grad_of,
 )
 from exportir.export._node_meta import (
@@ -254,7 +254,8 @@ class Recorder:
             # the kernel handed back its input (``type_as`` of the same dtype): the kept op
             # is a node of its own, so its value is a tensor of its own
             out = fake_like(out)
-        out = with_grad_of(out, args)
+        with _disable_current_modes():  # outer captures (a cond body's) must not see it
+            out = with_grad_of(out, args)
         self.record(func, args, kwargs, out)
         return out
 
@@ -418,7 +419,7 @@ def composite_plan(table: dict | None) -> tuple[frozenset[Any], frozenset[Any]]:
     the table does not name stays one node; a composite op the table names reaches the
     recorder whole too, to be decomposed by the table's entry rather than by its kernel.
     """
-    preservable = preservable_cia_ops()
+    preservable = kept_cia_ops()
     if not table:
         return preservable, preservable
     named = frozenset(op for op in table if is_cia(op))
@@ -432,7 +433,11 @@ def composite_value(func: Any, args: tuple, kwargs: dict, converter: FakeConvert
     parameters require grad. (Kernels branch on it: ``scaled_dot_product_attention`` takes
     its math path, whose result is laid out differently, for a mask that requires grad.)
     """
-    args, kwargs = _map_tensors(_without_history, (args, kwargs))
+    def without_history(t: torch.Tensor) -> torch.Tensor:
+        fake = converter.from_real(t)  # module state reaches ops as the real tensor
+        return fake.detach() if fake.grad_fn is not None else fake
+
+    args, kwargs = _map_tensors(without_history, (args, kwargs))
     env = converter.shape_env
     if env is not None:  # sizes computed inside the kernel are not user arithmetic
         env.listener_paused += 1
@@ -442,10 +447,6 @@ def composite_value(func: Any, args: tuple, kwargs: dict, converter: FakeConvert
     finally:
         if env is not None:
             env.listener_paused -= 1
-
-
-def _without_history(t: torch.Tensor) -> torch.Tensor:
-    return t.detach() if t.grad_fn is not None else t
 
 
 def _map_tensors(fn: Callable[[torch.Tensor], Any], x: Any) -> Any:

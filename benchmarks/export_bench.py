@@ -308,8 +308,8 @@ def summarize(corpus, scaling, kind: str) -> list[tuple[str, str]]:
     slower = sorted((n for n, r in ratios["export"].items() if r is not None and r > target_max))
     worst = max(export_values, default=None)
     verdicts.append((
-        f"no model's export ratio above {target_max} (max {_fmt_ratio(worst).strip()}; "
-        f"above: {', '.join(slower) or 'none'})",
+        (f"no model's export ratio above {target_max} (max {_fmt_ratio(worst).strip()}; "
+        f"above: {', '.join(slower) or 'none'})"),
         verdict(None if not complete else not slower),
     ))
     median_total = statistics.median(total_values) if total_values else None

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils import _pytree as torch_pytree
-
 from corpus import real_models as R
+from torch.utils import _pytree as torch_pytree
 
 # fused kernels reassociate sums; numbers that match eager to ~1e-6 in float32 are typical, the
 # bound leaves room for tiny-config models with large activations

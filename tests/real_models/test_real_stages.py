@@ -13,7 +13,6 @@ tests/real_models -k <name>``; ``scripts/survey_real_models.py <name>`` prints e
 from __future__ import annotations
 
 import pytest
-
 from corpus import real_models as R
 from real_models import _harness as H
 

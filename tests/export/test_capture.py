@@ -442,3 +442,27 @@ def test_flags_restored_when_forward_raises():
     with pytest.raises(ValueError, match="boom"):
         export(Boom(), (torch.ones(2),))
     assert not torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+
+
+class _CachesInADict(nn.Module):
+    """Fills a cache held in a plain dict attribute during forward (as timm's LeViT does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(3))
+        self.cache: dict = {}
+        self.history: list = []
+
+    def forward(self, x):
+        if "w2" not in self.cache:
+            self.cache["w2"] = self.w * 2
+        self.history.append(1)
+        return x * self.cache["w2"]
+
+
+def test_containers_in_plain_attributes_are_restored_after_export():
+    m = _CachesInADict()
+    export(m, (torch.ones(3),))
+    assert m.cache == {} and m.history == []
+    out = m(torch.ones(3))  # eager after export: a real tensor, not one left by capture
+    assert type(out) is torch.Tensor and torch.equal(out, torch.full((3,), 2.0))

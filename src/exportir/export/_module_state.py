@@ -93,8 +93,9 @@ class ModuleState:
             mod._parameters.update(saved.parameters)
             mod._buffers.clear()
             mod._buffers.update(saved.buffers)
-            for name in [k for k in vars(mod) if k not in saved.attrs]:
-                del mod.__dict__[name]
+            # attributes forward added stay, as under torch.export: libraries mark one-time
+            # set-up with them (transformers' "_output_capturing_hooks_installed" goes with
+            # forward hooks registered once; dropping the flag would register them twice)
             mod.__dict__.update(saved.attrs)
 
     def reassigned_buffers(self) -> dict[str, torch.Tensor]:

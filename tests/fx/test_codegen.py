@@ -484,8 +484,10 @@ def test_pytree_codegen_matches_torch(with_kwargs, annotate, expanded_def):
     theirs = tg.python_code("self", expanded_def=expanded_def)
     mine = og.python_code("self", expanded_def=expanded_def)
     assert_same_code(theirs, mine)
-    if ours is not torch.fx:  # our generated code binds both pytree names to exportir.pytree
-        assert mine.globals["pytree"] is our_pytree and mine.globals["fx_pytree"] is our_pytree
+    # each name is bound to the module of the implementation that generated the code
+    assert mine.globals["pytree"] is our_pytree
+    assert mine.globals["fx_pytree"] is importlib.import_module(f"{ours.__name__}._pytree")
+    assert theirs.globals["fx_pytree"] is torch.fx._pytree
 
 
 def test_pytree_codegen_runs():

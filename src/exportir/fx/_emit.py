@@ -147,8 +147,8 @@ class _Emitter:
         self.dim_blue, self.dim_green = paint("dim_blue"), paint("dim_green")
         for name, builtin in _custom_builtins.items():
             if self.add_global(name, builtin.obj) != name:
-                # one object registered under two builtin names (pytree/fx_pytree); the
-                # reserved-name table keeps graph values off the alias
+                # one object registered under two builtin names; the reserved-name table
+                # keeps graph values off the alias
                 self.globals[name] = builtin.obj
 
     # -- globals and values

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from exportir import pytree
+from exportir.fx import _pytree as fx_pytree
 from exportir.fx import namespace as _namespace_mod
 from exportir.fx.namespace import _Namespace
 from exportir.fx.printer import _get_qualified_name, _type_repr
@@ -117,7 +118,7 @@ _register_custom_builtin("nan", "from math import nan", math.nan)
 _register_custom_builtin("NoneType", "NoneType = type(None)", type(None))
 _register_custom_builtin("torch", "import torch", torch)
 _register_custom_builtin("device", "from torch import device", torch.device)
-_register_custom_builtin("fx_pytree", "import exportir.pytree as fx_pytree", pytree)
+_register_custom_builtin("fx_pytree", "import exportir.fx._pytree as fx_pytree", fx_pytree)
 _register_custom_builtin("pytree", "import exportir.pytree as pytree", pytree)
 
 

@@ -12,7 +12,8 @@ Contracts
 - Types registered only with torch (``torch.utils._pytree.register_pytree_node``,
   ``torch.export.register_dataclass``, torch's own structseqs) are honoured: when a type is not
   in our table, torch's table is consulted. torch is never imported for that: we look only if
-  ``torch.utils._pytree`` is already loaded.
+  ``torch.utils._pytree`` is already loaded. Likewise ``tree_flatten_spec`` reads flatten-spec
+  functions registered with ``torch.fx._pytree`` when that module is loaded.
 - ``treespec_loads`` never imports modules and never binds arbitrary callables: enum classes
   named in a serialized spec are read out of the namespaces of modules already in
   ``sys.modules`` (no ``getattr``, so no lazy imports), namedtuple classes must be registered,

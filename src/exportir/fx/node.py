@@ -14,12 +14,26 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional, TypeVar, Union
 
 import torch
+from torch.utils._dtype_abbrs import dtype_abbrs  # noqa: F401  # torch.fx.node exposes it
 
 from exportir.fx.immutable_collections import immutable_dict, immutable_list
 
+# torch.fx.node also holds the naming/printing helpers and the operator-schema entry points;
+# passes import them from there (``from torch.fx.node import _get_qualified_name``).
+from exportir.fx.operator_schemas import (  # noqa: F401
+    ArgsKwargsPair,
+    normalize_function,
+    normalize_module,
+)
+from exportir.fx.printer import (  # noqa: F401
+    _find_module_of_method,
+    _format_arg,
+    _get_qualified_name,
+    _type_repr,
+)
+
 if TYPE_CHECKING:
     from exportir.fx.graph import Graph
-    from exportir.fx.operator_schemas import ArgsKwargsPair
 
 __all__ = ["Node", "map_arg", "map_aggregate", "has_side_effect"]
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from exportir.fx.codegen import magic_methods, reflectable_magic_methods
 from exportir.fx.immutable_collections import immutable_dict, immutable_list
 from exportir.fx.node import Argument, Node, Target, base_types
 from exportir.fx.operator_schemas import get_signature_for_torch_op
@@ -723,14 +724,12 @@ class ParameterProxy(Proxy):
 # Operator overloads on Proxy, generated from one table
 # --------------------------------------------------------------------------------------------
 
-# ``operator`` function names recorded by Proxy's dunder methods. The reflectable ones also get
+# ``operator`` function names recorded by Proxy's dunder methods: the codegen's tables (one
+# source for what Proxy records and how the code prints it). The reflectable ones also get
 # ``__r<name>__`` (arguments swapped). "div" has no ``operator`` function on Python 3; the
 # dunders exist for parity and fail with AttributeError if ever called.
-_REFLECTABLE_OPS: tuple[str, ...] = (
-    "add", "sub", "mul", "floordiv", "truediv", "div", "mod", "pow", "lshift", "rshift",
-    "and_", "or_", "xor", "getitem", "matmul",
-)  # fmt: skip
-_MAGIC_OPS: tuple[str, ...] = ("eq", "ne", "lt", "gt", "le", "ge", "pos", "neg", "invert")
+_REFLECTABLE_OPS: tuple[str, ...] = tuple(reflectable_magic_methods)
+_MAGIC_OPS: tuple[str, ...] = tuple(m for m in magic_methods if m not in reflectable_magic_methods)
 
 
 def _dunder(op_name: str, reflected: bool = False) -> str:

@@ -120,3 +120,36 @@ def test_tree_map_over_node_args_rebuilds_immutable_containers():
     cat = g.call_function(torch.cat, ([x, x],), {"dim": 0})
     renamed = tpt.tree_map(lambda a: a.name if isinstance(a, fx.Node) else a, cat.args)
     assert renamed == (["x", "x"],) and type(renamed[0]) is ours_ic.immutable_list
+
+
+MUTATIONS = {
+    "append": lambda m: m.immutable_list([1]).append(2),
+    "setitem": lambda m: m.immutable_list([1]).__setitem__(0, 2),
+    "iadd": lambda m: m.immutable_list([1]).__iadd__([2]),
+    "sort": lambda m: m.immutable_list([2, 1]).sort(),
+    "dict_setitem": lambda m: m.immutable_dict(a=1).__setitem__("a", 2),
+    "dict_update": lambda m: m.immutable_dict(a=1).update(b=2),
+    "dict_ior": lambda m: m.immutable_dict(a=1).__ior__({}),
+    "fromkeys": lambda m: m.immutable_dict.fromkeys("ab"),
+}
+
+
+@pytest.mark.parametrize("mutate", MUTATIONS.values(), ids=MUTATIONS.keys())
+def test_mutation_errors_match_torch_fx(mutate):
+    messages = []
+    for ic in (torch_ic, ours_ic):
+        with pytest.raises(TypeError) as info:
+            mutate(ic)
+        messages.append(str(info.value))
+    assert messages[0] == messages[1]
+
+
+@pytest.mark.parametrize("make", [
+    lambda m: m.immutable_list([1, 2]) + [3],
+    lambda m: m.immutable_list([1, 2, 3])[1:],
+    lambda m: m.immutable_dict(a=1) | {"b": 2},
+    lambda m: m.immutable_list([1, 2]).copy(),
+], ids=["add", "slice", "or", "copy"])
+def test_non_mutating_operations_return_plain_containers_like_torch_fx(make):
+    assert type(make(ours_ic)) is type(make(torch_ic))
+    assert make(ours_ic) == make(torch_ic)

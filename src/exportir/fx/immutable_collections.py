@@ -22,7 +22,7 @@ __all__ = ["immutable_dict", "immutable_list"]
 
 _HOW_TO_MUTATE = (
     "If you are attempting to modify the kwargs or args of a torch.fx.Node object,\n"
-    "instead create a new copy of it and assign the copy to the node:\n"
+    "instead create a new copy of it and assign the copy to the node:\n\n"
     "    new_args = ...  # copy and mutate args\n"
     "    node.args = new_args"
 )

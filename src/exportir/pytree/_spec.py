@@ -21,6 +21,7 @@ from exportir.pytree._registry import (
     IsLeafFn,
     PyTree,
     PytreeRegistry,
+    is_structseq_class,
 )
 
 # --------------------------------------------------------------------------- TreeSpec
@@ -358,12 +359,7 @@ _FLATTEN_SPEC_RULES: dict[Any, Callable[[Any, TreeSpec], list[Any]]] = {
 _TORCH_FX_PYTREE = "torch.fx._pytree"
 
 
-def _is_structseq_class(cls: Any) -> bool:
-    return (
-        isinstance(cls, type)
-        and cls.__bases__ == (tuple,)
-        and isinstance(getattr(cls, "n_sequence_fields", None), int)
-    )
+_is_structseq_class = is_structseq_class  # the name this module used before
 
 
 def _flatten_spec_rule(spec_type: Any) -> Callable[[Any, TreeSpec], list[Any]] | None:

@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from exportir.fx.graph_module import GraphModule
     from exportir.fx.tracer import Tracer
 
-__all__ = ["Graph", "PythonCode", "CodeGen"]
+__all__ = ["CodeGen", "Graph", "PythonCode"]
 
 TransformCodeFunc = Callable[[list[str]], list[str]]
 
@@ -98,7 +98,7 @@ class _InsertPoint:
 class _NodeIter:
     """Walks the linked list, skipping nodes erased while the walk was in progress."""
 
-    __slots__ = ("_root", "_cur", "_forward")
+    __slots__ = ("_cur", "_forward", "_root")
 
     def __init__(self, root: Node, reverse: bool) -> None:
         self._root = root
@@ -124,7 +124,7 @@ class _NodeIter:
 class _node_list:
     """A live view of a graph's nodes; safe to mutate the graph while iterating."""
 
-    __slots__ = ("graph", "direction")
+    __slots__ = ("direction", "graph")
 
     def __init__(self, graph: Graph, direction: str = "_next") -> None:
         if direction not in ("_next", "_prev"):

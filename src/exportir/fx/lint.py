@@ -15,7 +15,7 @@ from exportir.fx.node import Node
 if TYPE_CHECKING:
     from exportir.fx.graph import Graph
 
-__all__ = ["lint_graph", "graph_window"]
+__all__ = ["graph_window", "lint_graph"]
 
 # The opcodes a graph may hold (a Node may also be the graph's sentinel "root").
 _legal_ops = dict.fromkeys(

@@ -159,7 +159,7 @@ class _Emitter:
         and so do exportir.fx's own (through the ``exportir`` package global)."""
         if _is_from_torch(obj) and obj != torch.device:
             return _get_qualified_name(obj)
-        if _is_from_exportir_fx(obj) and callable(obj):
+        if _is_from_exportir_fx(obj):
             return self._exportir_global() + _get_qualified_name(obj)[len("exportir"):]
         name = self.namespace.create_name(name_hint, obj)
         known = self.globals.get(name, _MISSING)

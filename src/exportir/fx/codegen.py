@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
+import types
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -180,8 +181,9 @@ def _is_from_exportir_fx(obj: object) -> bool:
     re-trace looks them up on their module and finds them as that module's trace-time
     wrappers (``wrap()``-registered functions stay leaves).
     """
-    module_name = getattr(obj, "__module__", None)
-    return isinstance(module_name, str) and module_name.startswith("exportir.fx.")
+    if not isinstance(obj, (types.FunctionType, type)):  # instances report their class's module
+        return False
+    return obj.__module__.startswith("exportir.fx.")
 
 
 def _format_target(base: str, target: str) -> str:

@@ -7,62 +7,25 @@ modules from the calling frame -- the fused executor's generated function. A tes
 run eager torch long before, so only a fresh process shows such failures.
 
 Each sample of ``fused_kernel_samples.SAMPLES`` becomes a program file whose one method feeds
-constant tensors to a delegate holding a one-op blob. A helper process imports
-``exportir.runtime`` and then forks one child per file: each child loads its file, runs the
-method and reports the outputs, so every kernel is the first op its process ever runs. Outputs
-are compared bit for bit with ``torch.ops.aten.<op>`` run here.
+constant tensors to a delegate holding a one-op blob; :func:`fresh_process.run_fresh` runs each
+file as the first thing its process runs. Outputs are compared bit for bit with
+``torch.ops.aten.<op>`` run here.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import os
 import struct
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from fresh_process import Failure, Job, run_fresh
 from fused_kernel_samples import SAMPLES
 
 from exportir.backends.fused_cpu.backend import encode_arg
 from exportir.program import schema, serialize
 from exportir.runtime.backends.fused_cpu import ALIGNMENT, BACKEND_ID, FORMAT_VERSION, MAGIC
 from exportir.runtime.backends.fused_cpu.kernels import KERNELS
-
-_SRC = str(Path(__file__).resolve().parents[2] / "src")
-
-# The helper: imports only exportir.runtime, then one forked child per program file (a child
-# loads the file and runs it: the first torch op of its process). Prints {file: result} JSON.
-RUNNER = r"""
-import json, os, sys
-from exportir.runtime import Program
-
-def child(path):
-    try:
-        outs = Program.load(path).method("forward")()
-        return [[str(t.dtype), list(t.shape), t.flatten().tolist()] for t in outs]
-    except Exception as e:
-        return f"{type(e).__name__}: {e}"
-
-results = {}
-for path in sys.argv[1:]:
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        with os.fdopen(write, "w") as f:
-            f.write(json.dumps(child(path)))
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as f:
-        text = f.read()
-    os.waitpid(pid, 0)
-    results[os.path.basename(path)] = json.loads(text) if text else "child died"
-print(json.dumps(results))
-"""
 
 _SCALAR_TYPES = {
     getattr(torch, name): st for st, name in schema.TORCH_DTYPE_NAME.items()
@@ -160,29 +123,16 @@ def _expected(name: str, args: tuple, kwargs: dict) -> tuple[list[torch.Tensor],
     return (list(result) if multi else [result]), multi
 
 
-def run_fresh(paths: list[Path]) -> dict[str, object]:
-    """Run each program file in its own fresh process (see RUNNER); {file name: result}."""
-    env = {**os.environ, "PYTHONPATH": _SRC}
-    done = subprocess.run(
-        [sys.executable, "-c", RUNNER, *map(str, paths)], capture_output=True, text=True,
-        env=env, timeout=900, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
-
-
 def _same(got: object, expected: list[torch.Tensor], label: str) -> str | None:
-    if isinstance(got, str):
-        return f"{label}: {got}"
+    if isinstance(got, Failure):
+        return f"{label}: {got.error}"
     if len(got) != len(expected):
         return f"{label}: {len(got)} outputs, expected {len(expected)}"
-    for (dtype, shape, flat), e in zip(got, expected):
-        if dtype != str(e.dtype) or shape != list(e.shape):
-            return f"{label}: {dtype}{shape}, expected {e.dtype}{list(e.shape)}"
-        want = e.flatten().tolist()
-        for a, b in zip(flat, want):
-            if a != b and not (isinstance(a, float) and math.isnan(a) and math.isnan(b)):
-                return f"{label}: values differ ({a} vs {b})"
+    for g, e in zip(got, expected):
+        try:
+            torch.testing.assert_close(g, e, rtol=0, atol=0, equal_nan=True)
+        except AssertionError as err:
+            return f"{label}: {str(err).splitlines()[0]}"
     return None
 
 
@@ -196,8 +146,8 @@ def test_every_fused_kernel_runs_in_a_fresh_process(tmp_path):
         serialize.save(_program(blob, _tensors((args, kwargs)), outs), path)
         expected[path.name] = outs
         paths.append(path)
-    results = run_fresh(paths)
-    failures = [_same(results[p.name], expected[p.name], p.stem) for p in paths]
+    results = run_fresh([Job(p) for p in paths], tmp_path)
+    failures = [_same(r, expected[p.name], p.stem) for p, r in zip(paths, results)]
     failures = [f for f in failures if f is not None]
     assert failures == [], "\n".join(failures)
 

@@ -134,7 +134,7 @@ TYPES = [
 ]
 
 
-@pytest.mark.parametrize("t", TYPES, ids=repr)
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: getattr(t, "__qualname__", None) or repr(t))
 def test_type_repr_matches_torch(t):
     theirs, mine = _pair("node")
     assert mine._type_repr(t) == theirs._type_repr(t)

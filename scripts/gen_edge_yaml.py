@@ -1,7 +1,8 @@
 """Generate ``src/exportir/dialects/edge/edge.yaml`` by probing ATen's CPU kernels.
 
-For every core ATen operator (``torch.Tag.core``) and the ``*_copy`` ops the Edge dialect uses
-for views, a *probe plan* below builds small sample inputs. The script runs the real CPU kernel
+For every core ATen operator (``torch.Tag.core``), the ``*_copy`` ops the Edge dialect uses for
+views and the non-core ops it accepts by default (``DEFAULT_CORE_ATEN_OPS_EXCEPTIONS``), a
+*probe plan* below builds small sample inputs. The script runs the real CPU kernel
 over combinations of the edge dtypes (Bool, Byte, Char, Short, Int, Long, Float, Double, and the
 reduced-precision floats Half and BFloat16) for the tensor inputs -- every combination when few,
 otherwise per tied group -- and, for ``Scalar`` and ``ScalarType`` arguments, over a few
@@ -30,6 +31,7 @@ from typing import Any
 
 import torch
 
+from exportir.dialects.edge.config import DEFAULT_CORE_ATEN_OPS_EXCEPTIONS
 from exportir.dialects.edge.constraints import (
     ALL_DTYPE_NAMES,
     ALL_EDGE_DTYPES,
@@ -422,6 +424,21 @@ PLANS: dict[str, Plan] = {
         0.1,
         1e-5,
     ),
+    # -- non-core ops the Edge dialect accepts by default (DEFAULT_CORE_ATEN_OPS_EXCEPTIONS)
+    "max": P(X()),
+    "min": P(X()),
+    "_upsample_bilinear2d_aa": P(X((1, 1, 2, 2)), [4, 4], False, None, None),
+    "adaptive_max_pool2d": P(X((1, 1, 4, 4)), [2, 2]),
+    "_native_batch_norm_legit_functional": P(
+        X((2, 3, 4)),
+        X((3,), tie="wb"),
+        X((3,), tie="wb"),
+        X((3,), tie="run"),
+        X((3,), tie="run"),
+        True,
+        0.1,
+        1e-5,
+    ),
     # -- FFT (complex results: no edge dtype combination exists)
     "_fft_r2c": P(X((4,)), [0], 0, True),
     "_fft_c2r": P(X((4,)), [0], 0, 6),
@@ -468,7 +485,8 @@ def _resolve(key: str) -> torch._ops.OpOverload:
 
 
 def edge_ops() -> list[torch._ops.OpOverload]:
-    """Every core ATen overload, plus the view-copy ops, in name order."""
+    """Every core ATen overload, the view-copy ops and the non-core ops every Edge program may
+    contain (``DEFAULT_CORE_ATEN_OPS_EXCEPTIONS``), in name order."""
     found: dict[str, torch._ops.OpOverload] = {}
     for schema in torch._C._jit_get_all_schemas():
         if not schema.name.startswith("aten::"):
@@ -479,6 +497,8 @@ def edge_ops() -> list[torch._ops.OpOverload]:
             found[plan_key(op)] = op
     for key in EXTRA_OPS:
         found[key] = _resolve(key)
+    for op in DEFAULT_CORE_ATEN_OPS_EXCEPTIONS:
+        found[plan_key(op)] = op
     return [found[k] for k in sorted(found)]
 
 

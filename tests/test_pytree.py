@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import os
 import subprocess
 import sys
 from collections import OrderedDict, defaultdict, deque, namedtuple
@@ -375,6 +376,34 @@ def test_torch_structseq_and_size_flatten_like_torch() -> None:
     assert same_objects(ours_leaves, theirs_leaves)
     assert type(ep.tree_unflatten(ours_leaves, ours)[0]) is torch.return_types.max
     assert ep.tree_flatten_spec(tree[0], ours.child(0)) == list(tree[0])
+
+
+@pytest.mark.parametrize("obj", [
+    torch.return_types.max((1, 2)), torch.return_types.max, os.stat_result(tuple(range(10))),
+    NT2(1, 2), NT2, (1, 2), tuple, torch.Size([2]), 3, None,
+], ids=repr)
+def test_structseq_predicates_match_torch(obj: Any) -> None:
+    for name in ("is_structseq", "is_structseq_class", "is_structseq_instance"):
+        assert getattr(ep, name)(obj) == getattr(tp, name)(obj), name
+
+
+def test_names_in_torch_all_exist() -> None:
+    """Every name torch.utils._pytree exports exists here (``PyTreeSpec`` is our TreeSpec)."""
+    assert sorted(set(tp.__all__) - set(dir(ep))) == []
+    assert ep.PyTreeSpec is ep.TreeSpec
+
+
+def test_deregister_pytree_node_undoes_registration() -> None:
+    class Box:
+        def __init__(self, v: Any) -> None:
+            self.v = v
+
+    ep.register_pytree_node(Box, lambda b: ([b.v], None), lambda v, c: Box(*v))
+    assert ep.tree_leaves(Box(3)) == [3]
+    ep._deregister_pytree_node(Box)
+    assert ep.tree_leaves(Box(3))[0].v == 3  # a leaf again
+    with pytest.raises(KeyError):
+        ep._deregister_pytree_node(Box)
 
 
 # --------------------------------------------------------------------------- serialization

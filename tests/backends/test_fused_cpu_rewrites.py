@@ -434,3 +434,40 @@ def test_large_convolutions_run_on_onednn_with_relu_and_residual_add_inside():
     packed = [v for v in program.fn.__globals__.values() if isinstance(v, torch.Tensor)]
     assert sum(t.is_mkldnn for t in packed) == 2  # both weights packed once, at load
     _check(model, args, edge, atol=1e-4)
+
+
+class ValidPadding(nn.Module):
+    """``padding="valid"`` (SigLIP's patch embedding) exports ``padding=[0]``: one element that
+    ``aten.convolution`` repeats for every spatial dim."""
+
+    def __init__(self):
+        super().__init__()
+        self.patch = nn.Conv2d(3, 8, 4, stride=4, padding="valid")
+        self.seq = nn.Conv1d(3, 4, 3, padding="valid")
+        self.big = nn.Conv2d(3, 64, 3, padding="valid")
+
+    def forward(self, img, seq, large):
+        return self.patch(img), self.seq(seq), self.big(large)
+
+
+def test_one_element_convolution_parameters_are_repeated_per_dim():
+    model = ValidPadding().eval()
+    args = (torch.randn(2, 3, 8, 8), torch.randn(2, 3, 9), torch.randn(1, 3, 96, 96))
+    edge = _lower(model, args)
+    ops = _ops(edge)
+    assert ops.count("aten.thnn_conv2d.default") == 2
+    assert ops.count("aten.convolution.default") == 1  # the large one (weight not the backend's)
+    _check(model, args, edge, atol=1e-4)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+def test_one_element_convolution_parameters_reach_onednn_per_dim():
+    model = _trained(
+        nn.Sequential(nn.Conv2d(32, 32, 3, padding="valid"), nn.BatchNorm2d(32), nn.ReLU())
+    )
+    args = (torch.randn(1, 32, 32, 32),)
+    edge = _lower(model, args)
+    assert _ops(edge) == ["mkldnn._convolution_pointwise.default"]
+    (header,) = _headers(edge)
+    assert header["ops"][0][1][3:6] == [[0, 0], [1, 1], [1, 1]]  # padding, stride, dilation
+    _check(model, args, edge, atol=1e-4)

@@ -4,12 +4,13 @@ proposed partition can create a cycle when fused."""
 from __future__ import annotations
 
 import operator
+import random
 
 import pytest
 import torch
 
 from exportir.dialects.backend import DELEGATION_TAG
-from exportir.fx import symbolic_trace
+from exportir.fx import Graph, symbolic_trace
 from exportir.passes.partition import (
     PartitionError,
     collect_partitions,
@@ -159,3 +160,72 @@ def test_proposed_partitions_never_form_cycles(unsupported):
     assert claimed.isdisjoint(unsupported)
     tag_partitions(parts)
     collect_partitions(gm.graph)  # raises on a cycle
+
+
+def test_partitions_depending_on_each_other_once_fused_are_refused_with_the_path():
+    # each partition alone is cycle-free, but fused, A feeds B (sin -> cos) and B feeds A
+    # (exp -> neg -> add): the fused B passes sin's value on to exp's output
+    def f(x, y):
+        a1 = torch.sin(x)
+        b1 = torch.cos(a1)
+        b2 = torch.exp(y)
+        a2 = a1 + torch.neg(b2)
+        return a2, b1
+
+    gm = symbolic_trace(f)
+    tags = {"sin": "A", "add": "A", "cos": "B", "exp": "B"}
+    for n in gm.graph.nodes:
+        if n.name in tags:
+            n.meta[DELEGATION_TAG] = tags[n.name]
+    with pytest.raises(PartitionError, match=r"partition 'A' cannot be fused: the path sin -> "
+                       r"cos \(partition 'B'\) -> exp \(partition 'B'\) -> neg -> add"):
+        collect_partitions(gm.graph)
+
+
+def _random_graph(rng: random.Random, size: int) -> Graph:
+    graph = Graph()
+    values = [graph.placeholder(f"x{i}") for i in range(3)]
+    for _ in range(size):
+        if rng.random() < 0.3:
+            values.append(graph.call_function(torch.neg, (rng.choice(values),)))
+        else:
+            values.append(graph.call_function(torch.add, tuple(rng.sample(values, 2))))
+    graph.output(tuple(v for v in values[3:] if not v.users))
+    return graph
+
+
+def _fused_graph_is_acyclic(graph: Graph, parts: list[list]) -> bool:
+    """Contract every partition into one node; whether the result has no cycle (Kahn)."""
+    rep = {n: ("part", i) for i, p in enumerate(parts) for n in p}
+    key = lambda n: rep.get(n, n)
+    edges = {(key(n), key(u)) for n in graph.nodes for u in n.users if key(n) != key(u)}
+    nodes = {key(n) for n in graph.nodes}
+    indegree = {k: 0 for k in nodes}
+    for _, b in edges:
+        indegree[b] += 1
+    ready = [k for k, d in indegree.items() if d == 0]
+    seen = 0
+    while ready:
+        k = ready.pop()
+        seen += 1
+        for a, b in edges:
+            if a == k:
+                indegree[b] -= 1
+                if indegree[b] == 0:
+                    ready.append(b)
+    return seen == len(nodes)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_proposed_partitions_fuse_without_cycles_on_random_graphs(seed):
+    from exportir.backends.fused_cpu.partitioner import _merge_independent
+
+    rng = random.Random(seed)
+    graph = _random_graph(rng, rng.randint(8, 40))
+    unsupported = {n for n in graph.nodes if rng.random() < 0.3}
+    parts = propose_partitions(graph, lambda n: n not in unsupported)
+    assert _fused_graph_is_acyclic(graph, parts)
+    merged = _merge_independent(graph, parts)
+    assert _fused_graph_is_acyclic(graph, merged)
+    tag_partitions(merged)
+    collect_partitions(graph)  # raises on a cycle

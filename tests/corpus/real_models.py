@@ -296,7 +296,8 @@ _SPECS: list[RealSpec] = [
                                       shared_expert_intermediate_size=32, **LLM),
              text_inputs(), TEXT_DIMS),
     RealSpec("llama_static_cache", DECODER, _static_cache_lm("LlamaConfig", "LlamaForCausalLM", **LLM),
-             _step_inputs, {}, fresh=None,
+             _step_inputs, {"input_ids": {1: "seq"}, "cache_position": {0: "seq"}},
+             seq_range=(2, 16), fresh=(1, 5),
              note="transformers.integrations.executorch.TorchExportableModuleForDecoderOnlyLM"),
     # encoders
     RealSpec("bert", ENCODER, hf("BertConfig", "BertModel"), text_inputs(token_types=True),

@@ -442,3 +442,54 @@ def test_flags_restored_when_forward_raises():
     with pytest.raises(ValueError, match="boom"):
         export(Boom(), (torch.ones(2),))
     assert not torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+
+
+class _CachesInADict(nn.Module):
+    """Fills a cache held in a plain dict attribute during forward (as timm's LeViT does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(3))
+        self.cache: dict = {}
+        self.history: list = []
+
+    def forward(self, x):
+        if "w2" not in self.cache:
+            self.cache["w2"] = self.w * 2
+        self.history.append(1)
+        return x * self.cache["w2"]
+
+
+def test_containers_in_plain_attributes_are_restored_after_export():
+    m = _CachesInADict()
+    export(m, (torch.ones(3),))
+    assert m.cache == {} and m.history == []
+    out = m(torch.ones(3))  # eager after export: a real tensor, not one left by capture
+    assert type(out) is torch.Tensor and torch.equal(out, torch.full((3,), 2.0))
+
+
+class _HooksOnce(nn.Module):
+    """Registers a forward hook on first call and marks it with an attribute (transformers'
+    output capturing does this); a second registration would double what the hook collects."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(3, 3)
+        self.seen: list = []
+
+    def forward(self, x):
+        if not getattr(self, "_hooks_installed", False):
+            self.inner.register_forward_hook(lambda mod, args, out: self.seen.append(out))
+            self._hooks_installed = True
+        self.seen.clear()
+        y = self.inner(x)
+        return y + len(self.seen)
+
+
+def test_attributes_added_by_forward_stay_like_torch_export():
+    m = _HooksOnce()
+    x = torch.ones(1, 3)
+    ep = export(m, (x,))
+    assert m._hooks_installed is True  # torch.export keeps it too: the hook stays registered
+    assert torch.allclose(m(x), m.inner(x) + 1)  # one hook, not two
+    assert torch.allclose(ep.module()(x), m.inner(x) + 1)

@@ -484,8 +484,10 @@ def test_pytree_codegen_matches_torch(with_kwargs, annotate, expanded_def):
     theirs = tg.python_code("self", expanded_def=expanded_def)
     mine = og.python_code("self", expanded_def=expanded_def)
     assert_same_code(theirs, mine)
-    if ours is not torch.fx:  # our generated code binds both pytree names to exportir.pytree
-        assert mine.globals["pytree"] is our_pytree and mine.globals["fx_pytree"] is our_pytree
+    # each name is bound to the module of the implementation that generated the code
+    assert mine.globals["pytree"] is our_pytree
+    assert mine.globals["fx_pytree"] is importlib.import_module(f"{ours.__name__}._pytree")
+    assert theirs.globals["fx_pytree"] is torch.fx._pytree
 
 
 def test_pytree_codegen_runs():
@@ -587,3 +589,21 @@ def test_wrapped_functions_use_our_wrap():
     expected = 'exportir.fx.wrap("test_codegen_user_fn")\nexportir.fx.wrap("test_codegen_user_fn_1")\n'
     assert expected in pc.src
     assert pc.globals["exportir"].fx.wrap is ours.wrap
+
+
+def test_fx_own_objects_spelled_by_qualified_name_like_torch():
+    """torch.fx spells its own classes and functions by module path; ours spells exportir.fx's
+    the same way (only the package differs), for annotations and for call targets."""
+    def build(impl):
+        ic = importlib.import_module(f"{impl.__name__}.immutable_collections")
+        st = importlib.import_module(f"{impl.__name__}._symbolic_trace")
+        g = impl.Graph()
+        x = g.placeholder("x", type_expr=ic.immutable_list)
+        g.output(g.call_function(st._assert_is_none, (x, "msg")))
+        return g.python_code("self").src
+
+    def normalized(src):  # the package and the tracer module's name may differ
+        return src.replace("exportir.fx.", "torch.fx.").replace("._symbolic_trace.", ".tracer.")
+
+    assert normalized(build(ours)) == normalized(build(torch.fx))
+    assert "exportir_fx" not in build(ours)  # no global alias

@@ -412,7 +412,7 @@ def test_key_error_becomes_runtime_error():
     for impl in (torch.fx, fx):
         g = impl.Graph()
         g.output(g.call_function(boom, (g.placeholder("x"),)))
-        err = _error_of(lambda: impl.Interpreter(impl.GraphModule(nn.Module(), g)).run(1))
+        err = _error_of(lambda impl=impl, g=g: impl.Interpreter(impl.GraphModule(nn.Module(), g)).run(1))
         assert type(err) is RuntimeError
         assert isinstance(err.__cause__, KeyError)
         assert str(err).startswith("missing\n\nWhile executing %boom")
@@ -437,13 +437,13 @@ def test_missing_value_and_target_messages_match_torch():
 
     results = []
     for impl in (torch.fx, fx):
-        g, x, y = build(impl)
+        g, _, y = build(impl)
         root = nn.Module()
         root.nope = nn.Module()
         interp = impl.Interpreter(root, graph=g)
         interp.env = {}
-        missing = _error_of(lambda: interp.fetch_args_kwargs_from_env(y))
-        target = _error_of(lambda: interp.fetch_attr("nope.deeper.x"))
+        missing = _error_of(lambda interp=interp, y=y: interp.fetch_args_kwargs_from_env(y))
+        target = _error_of(lambda interp=interp: interp.fetch_attr("nope.deeper.x"))
         results.append((type(missing), str(missing), type(target), str(target)))
     assert results[0] == results[1]
 

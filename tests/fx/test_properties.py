@@ -60,7 +60,7 @@ def build(program):
 
 def evaluate(program, inputs):
     """Direct evaluation of the program description, independent of FX."""
-    n_inputs, steps, outs = program
+    _, steps, outs = program
     values = list(inputs)
     for kind, idx, arg_idx in steps:
         fn = (UNARY if kind == "u" else BINARY)[idx]
@@ -120,11 +120,9 @@ def _apply_edit(g, kind, seed):
             one = g.call_function(operator.mul, (n, 1.0))
         one.replace_all_uses_with(n)
         g.erase_node(one)
-    elif kind == "move":
+    elif kind == "move" and n.users:
         # move a node as late as possible: just before its first user
-        if n.users:
-            first = min(n.users)
-            first.prepend(n)
+        min(n.users).prepend(n)
 
 
 @_settings

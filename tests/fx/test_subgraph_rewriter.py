@@ -113,7 +113,7 @@ def test_seed_docstring_cat_to_stack():
         return torch.stack([w1, w2])
 
     args = (torch.randn(2), torch.randn(2), torch.randn(2))
-    gm, matches = rewrite_both(SeedM, pattern, replacement, args)
+    gm, _ = rewrite_both(SeedM, pattern, replacement, args)
     expected_body = [
         "stack = torch.stack([w1, w2])",
         "sum_1 = stack.sum();  stack = None",

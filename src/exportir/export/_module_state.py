@@ -6,6 +6,11 @@ assigned (make them buffers); buffers may be updated in place or reassigned; par
 be updated. Capture runs forward on the real module, so :class:`ModuleState` snapshots every
 module's parameters, buffers and tensor attributes on entry, reports what forward changed, and
 restores the snapshot on exit whatever happened.
+
+Plain attributes are restored with their containers as they were: forward may fill a cache held
+in a dict or list attribute (timm's LeViT keeps ``attention_bias_cache[device]``), and a fake
+tensor left there would be returned by the next eager call. The snapshot copies dict / list /
+tuple containers (recursively, as torch.export's snapshot does) so those writes are undone.
 """
 
 from __future__ import annotations
@@ -34,6 +39,28 @@ def _prefix(fqn: str, name: str) -> str:
     return f"{fqn}.{name}" if fqn else name
 
 
+# nn.Module's own bookkeeping: restored separately (parameters, buffers) or never written by forward
+_MODULE_ATTRS = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})
+
+
+def _copy_containers(value: Any) -> Any:
+    """``value`` with its dict / list / tuple containers copied; anything else is shared."""
+    kind = type(value)
+    if kind is dict:
+        return {k: _copy_containers(v) for k, v in value.items()}
+    if kind is list:
+        return [_copy_containers(v) for v in value]
+    if kind is tuple:
+        return tuple(_copy_containers(v) for v in value)
+    return value
+
+
+def _attrs(mod: torch.nn.Module) -> dict[str, Any]:
+    return {
+        k: v if k in _MODULE_ATTRS else _copy_containers(v) for k, v in vars(mod).items()
+    }
+
+
 def _tensor_attrs(mod: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v for k, v in vars(mod).items() if isinstance(v, torch.Tensor)}
 
@@ -51,7 +78,7 @@ class ModuleState:
                 dict(mod._parameters),
                 dict(mod._buffers),
                 _tensor_attrs(mod),
-                dict(vars(mod)),
+                _attrs(mod),
             )
             for fqn, mod in root.named_modules()
         ]
@@ -66,8 +93,9 @@ class ModuleState:
             mod._parameters.update(saved.parameters)
             mod._buffers.clear()
             mod._buffers.update(saved.buffers)
-            for name in [k for k in vars(mod) if k not in saved.attrs]:
-                del mod.__dict__[name]
+            # attributes forward added stay, as under torch.export: libraries mark one-time
+            # set-up with them (transformers' "_output_capturing_hooks_installed" goes with
+            # forward hooks registered once; dropping the flag would register them twice)
             mod.__dict__.update(saved.attrs)
 
     def reassigned_buffers(self) -> dict[str, torch.Tensor]:

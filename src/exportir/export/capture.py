@@ -696,6 +696,7 @@ def capture(
                     fqn: rec.node_for(t) for fqn, t in state.reassigned_buffers().items()
                 }
         flat_out, out_spec = pytree.tree_flatten(out)
+        _check_outputs(mod, out, flat_out)
         rec.graph.output(tuple(_output_value(rec, o) for o in flat_out))
     finally:
         env.op_listener = None
@@ -798,6 +799,50 @@ def _user_inputs(
         rec.add_input(name, fake, Lifted("user", None, None, leaf))
         fakes.append(fake)
     return fakes
+
+
+_OUTPUT_LEAF_TYPES = (torch.Tensor, *_SYM_TYPES, int, float, bool, str, type(None))
+
+@dataclass(frozen=True, slots=True)
+class _OutputHint:
+    """What a library offers for one of its classes returned from forward."""
+
+    register: str  # a call that registers the class as a pytree node
+    leave_out: str  # how to keep it out of the outputs
+
+
+# classes libraries return from forward, by qualified name
+_OUTPUT_HINTS = {
+    "transformers.cache_utils.DynamicCache": _OutputHint(
+        "transformers.integrations.executorch.register_dynamic_cache_export_support()",
+        "pass use_cache=False to forward, or set model.config.use_cache = False",
+    ),
+}
+
+
+def _check_outputs(mod: torch.nn.Module, out: Any, flat_out: list) -> None:
+    """Every output leaf must be a tensor / symbolic or plain scalar / str / None; else an
+    error naming the output's path and the ways out."""
+    if all(isinstance(o, _OUTPUT_LEAF_TYPES) for o in flat_out):
+        return
+    path, leaf = next(
+        (p, o) for p, o in pytree.tree_flatten_with_path(out)[0]
+        if not isinstance(o, _OUTPUT_LEAF_TYPES)
+    )
+    cls = type(leaf)
+    qualname = f"{cls.__module__}.{cls.__qualname__}"
+    hint = _OUTPUT_HINTS.get(qualname)
+    where = f"output{pytree.keystr(path)}" if path else "the output"
+    register = f"call {hint.register} before exporting, or " if hint else ""
+    leave_out = f" ({hint.leave_out})" if hint else ""
+    raise ExportError(
+        f"{type(mod).__name__}.forward returns a {cls.__name__} ({qualname}) at {where}, which "
+        "an exported program cannot return: outputs are tensors, Python scalars, strings, None "
+        "and containers of them.\nTo fix it:\n  - if it holds tensors, "
+        f"{register}register it as a pytree node with exportir.pytree.register_pytree_node("
+        f"{cls.__name__}, flatten_fn, unflatten_fn) or torch.utils._pytree.register_pytree_node "
+        f"(exportir honours both);\n  - or leave it out of the outputs{leave_out}."
+    )
 
 
 def _output_value(rec: Recorder, o: Any) -> Any:

@@ -34,6 +34,7 @@ from exportir.fx.codegen import (
     _custom_builtins,
     _format_target,
     _identity,
+    _is_from_exportir_fx,
     _is_from_torch,
     _NamespaceRepr,
     _parse_stack_trace,
@@ -147,16 +148,19 @@ class _Emitter:
         self.dim_blue, self.dim_green = paint("dim_blue"), paint("dim_green")
         for name, builtin in _custom_builtins.items():
             if self.add_global(name, builtin.obj) != name:
-                # one object registered under two builtin names (pytree/fx_pytree); the
-                # reserved-name table keeps graph values off the alias
+                # one object registered under two builtin names; the reserved-name table
+                # keeps graph values off the alias
                 self.globals[name] = builtin.obj
 
     # -- globals and values
 
     def add_global(self, name_hint: str, obj: Any) -> str:
-        """The name generated code uses for ``obj``; torch objects keep their qualified name."""
+        """The name generated code uses for ``obj``; torch objects keep their qualified name,
+        and so do exportir.fx's own (through the ``exportir`` package global)."""
         if _is_from_torch(obj) and obj != torch.device:
             return _get_qualified_name(obj)
+        if _is_from_exportir_fx(obj):
+            return self._exportir_global() + _get_qualified_name(obj)[len("exportir"):]
         name = self.namespace.create_name(name_hint, obj)
         known = self.globals.get(name, _MISSING)
         if known is _MISSING:
@@ -468,12 +472,20 @@ class _Emitter:
         ``f`` with torch.fx's tracer, not ours, so we write ``exportir.fx.wrap("f")`` instead.
         This is the one intended difference between our generated code and torch's.
         """
-        if not self.wrapped_fns:
+        # A dotted name (``exportir.fx.tracer._assert_is_none``) is looked up on its module,
+        # whose own wrap() registration applies; registering the dotted text would make every
+        # later trace fail (torch.fx writes it, and then raises KeyError on each trace).
+        names = [name for name in self.wrapped_fns if name.isidentifier()]
+        if not names:
             return ""
+        package = self._exportir_global()
+        return "\n".join(f'{package}.fx.wrap("{name}")' for name in names)
+
+    def _exportir_global(self) -> str:
+        """The global through which generated code reaches the ``exportir`` package."""
         import exportir
 
-        package = self.add_global("exportir", exportir)
-        return "\n".join(f'{package}.fx.wrap("{name}")' for name in self.wrapped_fns)
+        return self.add_global("exportir", exportir)
 
     def _finish(self) -> PythonCode:
         codegen = self.codegen

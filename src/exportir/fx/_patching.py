@@ -11,10 +11,11 @@ everything in reverse order, whether or not the trace failed.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -264,3 +265,44 @@ class _TracePatches:
         ]
         for name, value in hits:
             self.patch(frame_dict, name, _create_wrapped_func(value))
+
+
+# --------------------------------------------------------------------------------------------
+# torch.fx._symbolic_trace's spellings of the same machinery
+# --------------------------------------------------------------------------------------------
+
+_Patcher = _TracePatches
+
+
+@contextlib.contextmanager
+def _new_patcher() -> Iterator[_TracePatches]:
+    """A fresh patch context, current for the duration of the block; its patches are undone
+    at exit."""
+    with _TracePatches() as patcher:
+        yield patcher
+
+
+@contextlib.contextmanager
+def _maybe_revert_all_patches() -> Iterator[None]:
+    """Run the block with the current trace's patches undone (the real functions and
+    ``Module.__call__`` in place), and put them back afterwards. No-op outside a trace."""
+    current = _current_patches
+    removed = current.revert_all_patches() if current is not None else None
+    try:
+        yield
+    finally:
+        reapplied = current.reapply_all_patches() if current is not None else None
+        if reapplied != removed:
+            raise AssertionError("CURRENT_PATCHER was changed during a revert_all_patches")
+
+
+def _patch_wrapped_functions(patcher: _TracePatches) -> None:
+    """Install ``patcher``'s wrappers for every ``wrap()``-registered function and method."""
+    patcher.patch_wrapped_functions()
+
+
+def _autowrap_check(
+    patcher: _TracePatches, frame_dict: dict[str, Any], function_ids: set[int]
+) -> None:
+    """Wrap, in ``frame_dict``, the public globals whose ``id`` is in ``function_ids``."""
+    patcher.autowrap(frame_dict, function_ids)

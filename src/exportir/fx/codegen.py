@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
+import types
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from exportir import pytree
+from exportir.fx import _pytree as fx_pytree
 from exportir.fx import namespace as _namespace_mod
 from exportir.fx.namespace import _Namespace
 from exportir.fx.printer import _get_qualified_name, _type_repr
@@ -117,7 +119,7 @@ _register_custom_builtin("nan", "from math import nan", math.nan)
 _register_custom_builtin("NoneType", "NoneType = type(None)", type(None))
 _register_custom_builtin("torch", "import torch", torch)
 _register_custom_builtin("device", "from torch import device", torch.device)
-_register_custom_builtin("fx_pytree", "import exportir.pytree as fx_pytree", pytree)
+_register_custom_builtin("fx_pytree", "import exportir.fx._pytree as fx_pytree", fx_pytree)
 _register_custom_builtin("pytree", "import exportir.pytree as pytree", pytree)
 
 
@@ -170,6 +172,18 @@ def _is_from_torch(obj: object) -> bool:
     if name is None or name == "torch":
         return False
     return any(getattr(home, name, None) is obj for home in (torch, torch.nn.functional))
+
+
+def _is_from_exportir_fx(obj: object) -> bool:
+    """Whether ``obj`` belongs to exportir.fx itself (``exportir.fx.tracer._assert_is_none``).
+
+    Generated code spells these by qualified name, as torch.fx spells its own objects, so a
+    re-trace looks them up on their module and finds them as that module's trace-time
+    wrappers (``wrap()``-registered functions stay leaves).
+    """
+    if not isinstance(obj, (types.FunctionType, type)):  # instances report their class's module
+        return False
+    return obj.__module__.startswith("exportir.fx.")
 
 
 def _format_target(base: str, target: str) -> str:
@@ -392,6 +406,16 @@ class _BoxedCodeGen(CodeGen):
         return f"{fn_def}\n    args_iter = iter(args_list){unpack}\n    args_list.clear()"
 
 
+def _bare_name(free_var: str) -> str:
+    """The variable of a placeholder's parameter text: ``x: T = 3  # c`` -> ``x``.
+
+    torch.fx keeps the default (``y_1 = None``) and so writes ``a, y_1 = None, = ...``, a
+    syntax error; dropping it makes a structured input specialized to a default work.
+    """
+    name = free_var.split(":")[0].split("#")[0]  # spacing kept as torch.fx keeps it
+    return name.split("=")[0].rstrip() if "=" in name else name
+
+
 class _PyTreeCodeGen(CodeGen):
     """Signature of the original (nested) function; flattens inputs and rebuilds outputs.
 
@@ -442,7 +466,7 @@ class _PyTreeCodeGen(CodeGen):
     def gen_var_bindings(self, fn_args: list[str], free_vars: list[str], expanded_def: bool) -> str:
         """Lines binding the flat placeholders from the structured arguments."""
         # ``a: T, b: U = f()`` is not Python, so annotations go on their own line first.
-        bare = [x.split(":")[0].split("#")[0] for x in free_vars]
+        bare = [_bare_name(x) for x in free_vars]
         bindings = self._format_annotations(free_vars, expanded_def)
         call = self._flatten_call_args(fn_args)
         return f"{bindings}\n    {', '.join(bare)}, = fx_pytree.tree_flatten_spec({call})"
@@ -512,7 +536,7 @@ class _ExportCodeGen(_PyTreeCodeGen):
         return super().process_outputs(flat_outs)
 
     def gen_var_bindings(self, fn_args: list[str], free_vars: list[str], expanded_def: bool) -> str:
-        bare = [x.split(":")[0].split("#")[0] for x in free_vars]
+        bare = [_bare_name(x) for x in free_vars]
         signature = ", ".join(fn_args)
         if self.root is not None:
             signature = f"self, {signature}"

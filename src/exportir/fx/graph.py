@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import inspect
 import warnings
 from collections import defaultdict
@@ -21,17 +22,30 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 # torch.fx.graph exposes its codegen helpers; code written against it imports them from here.
+from torch.utils._dtype_abbrs import dtype_abbrs  # noqa: F401  # torch.fx.graph exposes it
+
+from exportir.fx import namespace as _namespace
+
+# torch.fx.graph exposes its codegen helpers; code written against it imports them from here.
+from exportir.fx._emit import _ORIGIN_TYPE_MAP as _origin_type_map  # noqa: F401
 from exportir.fx.codegen import (  # noqa: F401
+    _COLOR_CODES,
+    _COUNTER,
     CodeGen,
     PythonCode,
     _BoxedCodeGen,
+    _color_fns,
     _custom_builtins,
+    _CustomBuiltin,
     _ExportCodeGen,
     _format_target,
+    _identity,
     _is_from_torch,
     _is_magic,
+    _make_color_fn,
     _override_sym_repr,
     _parse_stack_trace,
+    _ParsedStackTrace,
     _PyTreeCodeGen,
     _PyTreeInfo,
     _register_custom_builtin,
@@ -41,16 +55,27 @@ from exportir.fx.codegen import (  # noqa: F401
     reflectable_magic_methods,
 )
 from exportir.fx.immutable_collections import immutable_dict
+from exportir.fx.lint import _legal_ops  # noqa: F401
 from exportir.fx.namespace import _Namespace, is_magic, snake_case
 from exportir.fx.node import Argument, Node, Target, map_arg
+from exportir.fx.printer import _get_qualified_name, _type_repr  # noqa: F401
 
 if TYPE_CHECKING:
     from exportir.fx.graph_module import GraphModule
     from exportir.fx.tracer import Tracer
 
-__all__ = ["Graph", "PythonCode", "CodeGen"]
+__all__ = ["CodeGen", "Graph", "PythonCode"]
 
 TransformCodeFunc = Callable[[list[str]], list[str]]
+
+# The naming tables behind ``_Namespace`` and ``_snake_case`` and the codegen's colours and
+# line markers, under torch.fx.graph's names.
+_color_codes = _COLOR_CODES
+_counter_regexp = _COUNTER
+_illegal_names = _namespace._RESERVED
+_illegal_char_regex = _namespace._ILLEGAL_CHARS
+_name_regex = _namespace._BASE_AND_SUFFIX
+_snake_case_sub = functools.partial(_namespace._CAMEL_HUMP.sub, r"_\1")
 
 
 class _InsertPoint:
@@ -73,7 +98,7 @@ class _InsertPoint:
 class _NodeIter:
     """Walks the linked list, skipping nodes erased while the walk was in progress."""
 
-    __slots__ = ("_root", "_cur", "_forward")
+    __slots__ = ("_cur", "_forward", "_root")
 
     def __init__(self, root: Node, reverse: bool) -> None:
         self._root = root
@@ -99,7 +124,7 @@ class _NodeIter:
 class _node_list:
     """A live view of a graph's nodes; safe to mutate the graph while iterating."""
 
-    __slots__ = ("graph", "direction")
+    __slots__ = ("direction", "graph")
 
     def __init__(self, graph: Graph, direction: str = "_next") -> None:
         if direction not in ("_next", "_prev"):

@@ -55,10 +55,11 @@ from exportir.fx._source_registry import (  # noqa: F401
     _method_from_src,
     _SourceRegistry,
 )
-from exportir.fx.codegen import (
+from exportir.fx.codegen import (  # noqa: F401
     PythonCode,
     _BoxedCodeGen,
     _custom_builtins,
+    _is_from_torch,
     _override_sym_repr,
     _PyTreeCodeGen,
 )
@@ -72,6 +73,7 @@ if TYPE_CHECKING:
 __all__ = ["GraphModule", "reduce_graph_module", "reduce_package_graph_module"]
 
 _USER_PRESERVED_ATTRIBUTES_KEY = "_user_preserved_attributes"
+_EvalCacheLoader = _SourceRegistry  # torch.fx.graph_module's name for the class of ``_loader``
 _EVAL_KEY_MARKER = "eval_with_key"
 _IMPL_CLASS_NAME = "GraphModuleImpl"
 
@@ -234,6 +236,11 @@ def _del_attr(model: torch.nn.Module, attr_name: str) -> None:
 
 
 def _has_attr(model: torch.nn.Module, attr_name: str) -> bool:
+    """True if the dotted path ``attr_name`` resolves on ``model``.
+
+    torch.fx's version tests each later segment on the bool ``True`` instead of the parent it
+    found, so it answers False for nearly every dotted path; this one walks the path.
+    """
     *prefix, field = attr_name.split(".")
     current: Any = model
     for item in prefix:
@@ -355,6 +362,7 @@ def _call_wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
 _share_unpicklable_on_deepcopy = contextvars.ContextVar(
     "_share_torchbind_and_process_group", default=False
 )
+_share_torchbind_and_process_group = _share_unpicklable_on_deepcopy  # torch.fx's name
 
 
 @contextlib.contextmanager

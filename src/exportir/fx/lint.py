@@ -10,12 +10,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from exportir.fx.node import Node, _legal_ops
+from exportir.fx.node import Node
 
 if TYPE_CHECKING:
     from exportir.fx.graph import Graph
 
-__all__ = ["lint_graph", "graph_window"]
+__all__ = ["graph_window", "lint_graph"]
+
+# The opcodes a graph may hold (a Node may also be the graph's sentinel "root").
+_legal_ops = dict.fromkeys(
+    ["call_function", "call_method", "get_attr", "call_module", "placeholder", "output"]
+)
 
 _WINDOW = 3
 
@@ -47,7 +52,7 @@ def _check_structure(graph: Graph) -> None:
     defined: set[Node] = set()
     outputs = 0
     for node in graph.nodes:
-        if node.op not in _legal_ops or node.op == "root":
+        if node.op not in _legal_ops:
             _fail(graph, node, f"Node {node} had unknown opcode {node.op}!")
         if node.graph is not graph:
             _fail(graph, node, f"Node '{node}' does not belong to this Graph!")

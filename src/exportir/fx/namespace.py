@@ -11,7 +11,7 @@ import builtins
 import keyword
 import re
 
-__all__ = ["_Namespace", "snake_case", "is_magic", "reserve_name"]
+__all__ = ["_Namespace", "is_magic", "reserve_name", "snake_case"]
 
 # Names a generated variable may not take: keywords and builtins. The value is the object that
 # legitimately owns the name (a builtin), or a fresh sentinel for keywords.
@@ -60,7 +60,7 @@ class _Namespace:
     never shadows a keyword or builtin unless the object is that builtin.
     """
 
-    __slots__ = ("_obj_to_name", "_used_names", "_base_count")
+    __slots__ = ("_base_count", "_obj_to_name", "_used_names")
 
     def __init__(self) -> None:
         self._obj_to_name: dict[object, str] = {}
@@ -105,7 +105,7 @@ class _Namespace:
         self._obj_to_name[obj] = name
         self._used_names.add(name)
 
-    def copy(self) -> "_Namespace":
+    def copy(self) -> _Namespace:
         other = _Namespace()
         other._obj_to_name = dict(self._obj_to_name)
         other._used_names = set(self._used_names)

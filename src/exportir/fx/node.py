@@ -14,24 +14,40 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional, TypeVar, Union
 
 import torch
+from torch.utils._dtype_abbrs import dtype_abbrs  # noqa: F401  # torch.fx.node exposes it
 
 from exportir.fx.immutable_collections import immutable_dict, immutable_list
 
+# torch.fx.node also holds the naming/printing helpers and the operator-schema entry points;
+# passes import them from there (``from torch.fx.node import _get_qualified_name``).
+from exportir.fx.operator_schemas import (  # noqa: F401
+    ArgsKwargsPair,
+    normalize_function,
+    normalize_module,
+)
+from exportir.fx.printer import (  # noqa: F401
+    _find_module_of_method,
+    _format_arg,
+    _get_qualified_name,
+    _type_repr,
+)
+
 if TYPE_CHECKING:
     from exportir.fx.graph import Graph
-    from exportir.fx.operator_schemas import ArgsKwargsPair
 
-__all__ = ["Node", "map_arg", "map_aggregate", "has_side_effect"]
+__all__ = ["Node", "has_side_effect", "map_aggregate", "map_arg"]
 
-BaseArgumentTypes = Union[
+# Runtime aliases as torch.fx defines them (``Union`` spelling: members include string
+# forward references, which ``|`` cannot combine).
+BaseArgumentTypes = Union[  # noqa: UP007
     str, int, float, bool, complex, torch.dtype, torch.Tensor, torch.device,
     torch.memory_format, torch.layout, torch._ops.OpOverload, torch.SymInt, torch.SymBool,
     torch.SymFloat,
 ]
 base_types = BaseArgumentTypes.__args__  # type: ignore[attr-defined]  # a Union's members
 
-Target = Union[Callable[..., Any], str]
-Argument = Optional[
+Target = Union[Callable[..., Any], str]  # noqa: UP007
+Argument = Optional[  # noqa: UP045
     Union[
         tuple["Argument", ...], Sequence["Argument"], Mapping[str, "Argument"], slice, range,
         "Node", BaseArgumentTypes,
@@ -123,7 +139,7 @@ def map_aggregate(a: ArgumentT, fn: Callable[[Argument], Argument]) -> ArgumentT
 def map_arg(a: ArgumentT, fn: Callable[[Node], Argument]) -> ArgumentT:
     """Apply ``fn`` to every ``Node`` inside ``a``; other leaves are kept as they are."""
     if not callable(fn):
-        raise AssertionError("torch.fx.map_arg(a, fn): fn must be a callable")
+        raise AssertionError("torch.fx.map_arg(a, fn): fn must be a callable")  # noqa: TRY004  # torch.fx's type
     return map_aggregate(a, lambda x: fn(x) if isinstance(x, Node) else x)
 
 
@@ -168,8 +184,23 @@ class Node:
     """
 
     __slots__ = (
-        "graph", "_name", "_op", "_target", "_args", "_kwargs", "_input_nodes", "users", "type",
-        "_sort_key", "_prev", "_next", "_erased", "_repr_fn", "meta", "__dict__", "__weakref__",
+        "__dict__",
+        "__weakref__",
+        "_args",
+        "_erased",
+        "_input_nodes",
+        "_kwargs",
+        "_name",
+        "_next",
+        "_op",
+        "_prev",
+        "_repr_fn",
+        "_sort_key",
+        "_target",
+        "graph",
+        "meta",
+        "type",
+        "users",
     )
 
     def __init__(
@@ -417,7 +448,7 @@ class Node:
         self._replace_input_with(old_input, new_input)
 
     def _replace_input_with(self, old_input: Node, new_input: Node) -> None:
-        swap = lambda n: new_input if n is old_input else n  # noqa: E731
+        swap = lambda n: new_input if n is old_input else n
         self._update_args_kwargs(map_arg(self._args, swap), map_arg(self._kwargs, swap))
 
     def _rename(self, candidate: str) -> None:

@@ -29,9 +29,10 @@ from typing import Any
 
 import torch
 
+from exportir.fx.codegen import magic_methods, reflectable_magic_methods
 from exportir.fx.immutable_collections import immutable_dict, immutable_list
 from exportir.fx.node import Argument, Node, Target, base_types
-from exportir.fx.operator_schemas import get_signature_for_torch_op
+from exportir.fx.operator_schemas import check_for_mutable_operation
 
 __all__ = [
     "Attribute",
@@ -124,34 +125,6 @@ def _current_stack_summary() -> traceback.StackSummary:
 
 
 # --------------------------------------------------------------------------------------------
-# Mutation check (``TracerBase.check_mutable_operations``)
-# --------------------------------------------------------------------------------------------
-
-
-def _check_for_mutable_operation(
-    target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> None:
-    """Raise if ``target`` called with these arguments binds to exactly one schema of a torch
-    operator and that schema mutates an operand. Ambiguous or unknown targets pass."""
-    signatures, schemas = get_signature_for_torch_op(target, return_schemas=True)
-    if not signatures or not schemas:
-        return
-    matched = []
-    for sig, schema in zip(signatures, schemas):
-        try:
-            sig.bind(*args, **kwargs)
-        except TypeError:
-            continue
-        matched.append(schema)
-    if len(matched) == 1 and matched[0].is_mutable:
-        raise RuntimeError(
-            f"Tried to trace mutable operation {matched[0]}. FX only supports functional "
-            f"code, so operations that mutate operands in-place (e.g. via `out` arguments) "
-            f"are not supported"
-        )
-
-
-# --------------------------------------------------------------------------------------------
 # TracerBase
 # --------------------------------------------------------------------------------------------
 
@@ -185,7 +158,7 @@ class TracerBase:
         Override to validate or rewrite nodes as they are created.
         """
         if kind == "call_function" and self.check_mutable_operations:
-            _check_for_mutable_operation(target, args, kwargs)
+            check_for_mutable_operation(target, args, kwargs)
         node = self.graph.create_node(kind, target, args, kwargs, name, type_expr)
         scope = self.scope
         self.node_name_to_scope[node.name] = (scope.module_path, scope.module_type)
@@ -723,14 +696,12 @@ class ParameterProxy(Proxy):
 # Operator overloads on Proxy, generated from one table
 # --------------------------------------------------------------------------------------------
 
-# ``operator`` function names recorded by Proxy's dunder methods. The reflectable ones also get
+# ``operator`` function names recorded by Proxy's dunder methods: the codegen's tables (one
+# source for what Proxy records and how the code prints it). The reflectable ones also get
 # ``__r<name>__`` (arguments swapped). "div" has no ``operator`` function on Python 3; the
 # dunders exist for parity and fail with AttributeError if ever called.
-_REFLECTABLE_OPS: tuple[str, ...] = (
-    "add", "sub", "mul", "floordiv", "truediv", "div", "mod", "pow", "lshift", "rshift",
-    "and_", "or_", "xor", "getitem", "matmul",
-)  # fmt: skip
-_MAGIC_OPS: tuple[str, ...] = ("eq", "ne", "lt", "gt", "le", "ge", "pos", "neg", "invert")
+_REFLECTABLE_OPS: tuple[str, ...] = tuple(reflectable_magic_methods)
+_MAGIC_OPS: tuple[str, ...] = tuple(m for m in magic_methods if m not in reflectable_magic_methods)
 
 
 def _dunder(op_name: str, reflected: bool = False) -> str:

@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Callable
 from itertools import chain
 from types import FunctionType, ModuleType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Union
 
 import torch
 import torch.utils._pytree as torch_pytree
@@ -37,12 +37,17 @@ from exportir.fx._patching import (  # noqa: F401
     _APPLY,
     _PATCHED_MARK,
     _REVERT,
+    _autowrap_check,
     _create_wrapped_func,
     _create_wrapped_method,
     _drop_item,
     _find_proxy,
     _first_proxy,
+    _maybe_revert_all_patches,
+    _new_patcher,
     _Patch,
+    _patch_wrapped_functions,
+    _Patcher,
     _restore_attr,
     _restore_item,
     _set_attr,
@@ -72,8 +77,9 @@ HAS_VARSTUFF = inspect.CO_VARARGS | inspect.CO_VARKEYWORDS
 
 
 def __getattr__(name: str) -> Any:
-    """Forward ``_current_patches`` (rebound on every trace) live from ``_patching``."""
-    if name == "_current_patches":
+    """Forward ``_current_patches`` (rebound on every trace; ``CURRENT_PATCHER`` in torch.fx)
+    live from ``_patching``."""
+    if name in ("_current_patches", "CURRENT_PATCHER"):
         return _patching._current_patches
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -82,7 +88,7 @@ _orig_module_call: Callable[..., Any] = torch.nn.Module.__call__
 _orig_module_getattr: Callable[..., Any] = torch.nn.Module.__getattr__
 
 
-def _constant_attribute_types() -> tuple[type, ...]:
+def _find_constant_attribute_types() -> tuple[type, ...]:
     """Non-argument values that become ``get_attr`` constants (tensors, script objects, specs)."""
     found: list[type] = [torch.Tensor, torch.ScriptObject, torch_pytree.TreeSpec, pytree.TreeSpec]
     try:
@@ -94,7 +100,10 @@ def _constant_attribute_types() -> tuple[type, ...]:
     return tuple(dict.fromkeys(found))
 
 
-_CONSTANT_ATTRIBUTE_TYPES = _constant_attribute_types()
+_CONSTANT_ATTRIBUTE_TYPES = _find_constant_attribute_types()
+# torch.fx._symbolic_trace's names: the type alias (for annotations) and its members.
+_ConstantAttributeType = Union[_CONSTANT_ATTRIBUTE_TYPES]  # noqa: UP007  # built from a tuple
+_constant_attribute_types = _CONSTANT_ATTRIBUTE_TYPES
 
 # Whether a symbolic trace is running (read by ProxyableClassMeta, is_fx_tracing). One flag
 # per process, saved and restored around each trace, as torch.fx does.

@@ -2,8 +2,9 @@
 tag to the subgraph it fuses into.
 
 - :func:`propose_partitions` groups supported ``call_function`` nodes into partitions that can
-  each be fused into one node without creating a cycle (greedy merging along data edges in
-  topological order; a merge is refused when a path leaves the merged set and comes back).
+  all be fused, each into one node, without creating a cycle (greedy merging along data edges
+  in topological order; a merge is refused when a path leaves the merged set and comes back,
+  counting every other partition as the one node it fuses into: :func:`reentry_path`).
 - :func:`tag_partitions` writes ``node.meta["delegation_tag"]``.
 - :func:`collect_partitions` reads the tags back, checks each partition is fusable (the error
   names the nodes of the offending path) and describes it as a :class:`Partition`: its nodes in
@@ -20,7 +21,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import operator
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from exportir.dialects.backend.specs import DELEGATION_TAG
@@ -28,11 +29,13 @@ from exportir.fx.graph import Graph
 from exportir.fx.node import Node
 
 __all__ = [
+    "Grouping",
     "Partition",
     "PartitionError",
     "collect_partitions",
     "extract_subgraph",
     "propose_partitions",
+    "reentry_path",
     "stable_topological_sort",
     "tag_partitions",
 ]
@@ -58,16 +61,39 @@ def _order(graph: Graph) -> dict[Node, int]:
     return {n: i for i, n in enumerate(graph.nodes)}
 
 
-def _reenters(members: set[Node], order: dict[Node, int]) -> list[Node] | None:
-    """A path that leaves ``members`` and comes back (as a node list), or None."""
+def reentry_path(
+    members: set[Node], order: dict[Node, int], others: Mapping[Node, set[Node]] | None = None
+) -> list[Node] | None:
+    """A path that leaves ``members`` and comes back (as a node list), or None.
+
+    ``others`` maps the nodes of other partitions to their partition. Each of those fuses into
+    one node too, whose every output depends on every input: a path entering one continues
+    from all of its nodes (two partitions that are each cycle-free can still depend on each
+    other once fused)."""
     last = max(order[n] for n in members)
+    spans = {
+        id(g): (min(order[n] for n in g), max(order[n] for n in g))
+        for g in (others or {}).values()
+    }  # fmt: skip
+    return _path(members, order, others or {}, _reach_limit(last, spans.values()))
+
+
+def _path(
+    members: set[Node], order: dict[Node, int], others: Mapping[Node, set[Node]], limit: int
+) -> list[Node] | None:
+    """``reentry_path`` exploring nodes up to position ``limit`` only."""
     parent: dict[Node, Node] = {}
-    stack = []
+    stack: list[Node] = []
+    entered: set[int] = set()  # the other partitions reached (ids of their node sets)
+
+    def visit(node: Node, via: Node) -> None:
+        if node not in parent and node not in members and order[node] <= limit:
+            parent[node] = via
+            stack.append(node)
+
     for m in members:
         for user in m.users:
-            if user not in members and user not in parent and order[user] < last:
-                parent[user] = m
-                stack.append(user)
+            visit(user, m)
     while stack:
         node = stack.pop()
         for user in node.users:
@@ -76,10 +102,76 @@ def _reenters(members: set[Node], order: dict[Node, int]) -> list[Node] | None:
                 while path[-1] in parent:
                     path.append(parent[path[-1]])
                 return path[::-1]
-            if user not in parent and order[user] < last:
-                parent[user] = node
-                stack.append(user)
+            visit(user, node)
+        fused = others.get(node)
+        if fused is not None and id(fused) not in entered:
+            entered.add(id(fused))
+            for fused_with in fused:
+                visit(fused_with, node)
     return None
+
+
+def _reach_limit(last: int, spans: Iterable[tuple[int, int]]) -> int:
+    """The last position from which a path can still come back to a node at or before
+    ``last``: plain edges only go forward, but a partition (``spans``: first and last
+    position of each) entered at one of its nodes is left from any of them, so partitions
+    starting before the limit extend it to their last node."""
+    limit = last
+    for low, high in sorted(s for s in spans if s[1] > last):
+        if low > limit:
+            break
+        limit = max(limit, high)
+    return limit
+
+
+class Grouping:
+    """Nodes in groups that will each fuse into one node (would-be partitions).
+
+    ``merge(x, y)`` joins the groups of two nodes unless the graph with every group fused would
+    have a cycle (:func:`reentry_path` with the other groups)."""
+
+    __slots__ = ("_of", "_order", "_span")
+
+    def __init__(self, order: dict[Node, int]) -> None:
+        self._order = order
+        self._of: dict[Node, set[Node]] = {}
+        self._span: dict[int, tuple[int, int]] = {}
+
+    def __contains__(self, node: object) -> bool:
+        return node in self._of
+
+    def add(self, nodes: Iterable[Node], join: Node | None = None) -> None:
+        """Put ``nodes`` in a new group, or in the group of ``join`` (no cycle check)."""
+        group = self._of[join] if join is not None else set()
+        group.update(nodes)
+        for n in group:
+            self._of[n] = group
+        positions = [self._order[n] for n in group]
+        self._span[id(group)] = (min(positions), max(positions))
+
+    def merge(self, x: Node, y: Node) -> bool:
+        """Join the groups of ``x`` and ``y`` unless that makes a cycle; whether they are one."""
+        a, b = self._of.get(x), self._of.get(y)
+        if a is None or b is None:
+            return False
+        if a is b:
+            return True
+        (la, ha), (lb, hb) = self._span[id(a)], self._span[id(b)]
+        spans = (s for k, s in self._span.items() if k not in (id(a), id(b)))
+        merged = a | b
+        if _path(merged, self._order, self._of, _reach_limit(max(ha, hb), spans)) is not None:
+            return False
+        del self._span[id(a)], self._span[id(b)]
+        self._span[id(merged)] = (min(la, lb), max(ha, hb))
+        for n in merged:
+            self._of[n] = merged
+        return True
+
+    def groups(self) -> list[list[Node]]:
+        """The groups, each in graph order, ordered by their first node."""
+        distinct = {id(g): g for g in self._of.values()}.values()
+        ordered = (sorted(g, key=self._order.__getitem__) for g in distinct)
+        return sorted(ordered, key=lambda g: self._order[g[0]])
 
 
 def propose_partitions(
@@ -88,51 +180,34 @@ def propose_partitions(
     """Cycle-free partitions of the supported ``call_function`` nodes, in graph order.
 
     Nodes join the partitions of their inputs, then partitions reading a common value merge;
-    every merge is refused when it would create a cycle. A ``getitem`` of a supported node joins its source's partition. Partitions with fewer
-    than ``min_size`` compute nodes (getitems not counted) are dropped.
+    every merge is refused when it would create a cycle in the graph with every partition
+    fused (:class:`Grouping`). A ``getitem`` of a supported node joins its source's partition.
+    Partitions with fewer than ``min_size`` compute nodes (getitems not counted) are dropped.
     """
-    order = _order(graph)
-    group: dict[Node, set[Node]] = {}
+    grouping = Grouping(_order(graph))
     for node in graph.nodes:
         if node.op != "call_function":
             continue
         if node.target is operator.getitem:
             src = node.args[0]
-            if isinstance(src, Node) and src in group:
-                group[src].add(node)
-                group[node] = group[src]
+            if isinstance(src, Node) and src in grouping:
+                grouping.add([node], join=src)
             continue
         if not is_supported(node):
             continue
-        group[node] = {node}
+        grouping.add([node])
         for inp in node.all_input_nodes:
-            _try_merge(group, node, inp, order)
+            grouping.merge(node, inp)
     # siblings: partitions reading a common value fuse too when that makes no cycle
     for node in graph.nodes:
-        users = [u for u in node.users if u in group]
+        users = [u for u in node.users if u in grouping]
         for a, b in itertools.pairwise(users):
-            _try_merge(group, a, b, order)
-    seen: list[set[Node]] = []
-    for members in group.values():
-        if not any(members is s for s in seen):
-            seen.append(members)
-    result = []
-    for members in seen:
-        compute = [n for n in members if n.target is not operator.getitem]
-        if len(compute) >= min_size:
-            result.append(sorted(members, key=order.__getitem__))
-    return sorted(result, key=lambda p: order[p[0]])
-
-
-def _try_merge(group: dict[Node, set[Node]], node: Node, inp: Node, order: dict[Node, int]) -> None:
-    a, b = group.get(node), group.get(inp)
-    if a is None or b is None or a is b:
-        return
-    merged = a | b
-    if _reenters(merged, order) is not None:
-        return
-    for n in merged:
-        group[n] = merged
+            grouping.merge(a, b)
+    return [
+        members
+        for members in grouping.groups()
+        if sum(n.target is not operator.getitem for n in members) >= min_size
+    ]
 
 
 def tag_partitions(partitions: Iterable[Sequence[Node]], prefix: str = "tag") -> list[str]:
@@ -174,12 +249,15 @@ def collect_partitions(graph: Graph, tags: Iterable[str] | None = None) -> list[
                 "nodes (and constant placeholders, to hand them to the backend) can be tagged"
             )
     wanted = list(by_tag) if tags is None else list(tags)
+    members = {tag: _with_getitems(nodes, order) for tag, nodes in by_tag.items()}
     result = []
     for tag in wanted:
-        nodes = _with_getitems(by_tag.get(tag, []), order)
+        nodes = members.get(tag, [])
         if not nodes:
             continue
-        result.append(_partition(tag, nodes, owned.get(tag, []), order))
+        others = {n: group for t, g in members.items() if t != tag for group in [set(g)]
+                  for n in g}  # fmt: skip
+        result.append(_partition(tag, nodes, owned.get(tag, []), order, others))
     return result
 
 
@@ -192,11 +270,17 @@ def _with_getitems(nodes: list[Node], order: dict[Node, int]) -> list[Node]:
     return sorted(members, key=order.__getitem__)
 
 
-def _partition(tag: str, nodes: list[Node], owned: list[Node], order: dict[Node, int]) -> Partition:
+def _partition(
+    tag: str,
+    nodes: list[Node],
+    owned: list[Node],
+    order: dict[Node, int],
+    others: Mapping[Node, set[Node]],
+) -> Partition:
     members = set(nodes)
-    path = _reenters(members, order)
+    path = reentry_path(members, order, others)
     if path is not None:
-        shown = " -> ".join(n.name for n in path)
+        shown = " -> ".join(_on_path(n, others) for n in path)
         raise PartitionError(
             f"partition {tag!r} cannot be fused: the path {shown} leaves the partition and "
             "comes back, so one fused node would depend on itself. Tag the nodes on that path "
@@ -212,6 +296,15 @@ def _partition(tag: str, nodes: list[Node], owned: list[Node], order: dict[Node,
     outputs = [n for n in nodes if any(u not in members for u in n.users)]
     owned_sorted = sorted(owned_set, key=order.__getitem__)
     return Partition(tag, tuple(nodes), tuple(owned_sorted), tuple(inputs), tuple(outputs))
+
+
+def _on_path(node: Node, others: Mapping[Node, set[Node]]) -> str:
+    """A node of a cycle path; one of another partition names that partition (fused, it
+    passes a dependency from any of its inputs to any of its outputs)."""
+    if node not in others:
+        return node.name
+    tag = next(t for m in others[node] if (t := m.meta.get(DELEGATION_TAG)) is not None)
+    return f"{node.name} (partition {tag!r})"
 
 
 # ------------------------------------------------------------------------------ extracting

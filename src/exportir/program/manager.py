@@ -4,6 +4,8 @@
 for each method:
 
 1. decomposes to the core ATen op set (``run_decompositions``; ``preserve_ops`` stay whole),
+   and the few non-core ops the core table leaves (``linalg_vector_norm``, ``histc``: see
+   :mod:`exportir.passes.edge_decompositions`),
 2. removes unused assertion ops,
 3. turns view ops into their ``*_copy`` ops,
 4. lifts Python scalars in ``Tensor`` argument positions to constant tensors,
@@ -27,6 +29,7 @@ from exportir.dialects.edge.config import CONFIG_META_KEY, EdgeCompileConfig
 from exportir.dialects.edge.verifier import EdgeVerifier
 from exportir.export.exported_program import ExportedProgram, default_decompositions
 from exportir.export.signature import ExportGraphSignature
+from exportir.passes.edge_decompositions import edge_decompositions
 from exportir.passes.scalar_to_tensor import scalar_to_tensor
 from exportir.passes.to_edge import OpReplacePass, RemoveGraphAssertsPass
 from exportir.passes.view_copy import ReplaceViewOpsWithViewCopyPass
@@ -59,8 +62,9 @@ def _as_methods(
 
 
 def core_decomposition_table(config: EdgeCompileConfig) -> dict[Any, Callable[..., Any]]:
-    """The table ``to_edge`` decomposes with: the core ATen table minus ``preserve_ops``."""
-    table = default_decompositions()
+    """The table ``to_edge`` decomposes with: the core ATen table and the Edge additions
+    (:mod:`exportir.passes.edge_decompositions`), minus ``preserve_ops``."""
+    table = {**default_decompositions(), **edge_decompositions()}
     for op in config.preserve_ops:
         table.pop(op, None)
     return table

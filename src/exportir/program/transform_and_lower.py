@@ -34,7 +34,7 @@ from torch._ops import OpOverload
 
 from exportir.dialects.backend import Partitioner
 from exportir.dialects.edge.config import EdgeCompileConfig
-from exportir.export.exported_program import ExportedProgram, default_decompositions
+from exportir.export.exported_program import ExportedProgram
 from exportir.fx.node import Node
 from exportir.fx.passes.infra.pass_manager import PassManager
 from exportir.passes.decompose_nodes import aten_op_of, decompose_nodes
@@ -186,7 +186,7 @@ def _preserving_lower(
     ep: ExportedProgram, partitioners: tuple[Partitioner, ...], config: EdgeCompileConfig
 ) -> tuple[ExportedProgram, frozenset[OpOverload]]:
     """Steps 1-3 of the module docstring for one method: its Edge program and the ops kept."""
-    core_table = default_decompositions()
+    core_table = core_decomposition_table(config)
     requests = [_request(p, ep, config, core_table) for p in partitioners]
     ops = frozenset().union(*(r.ops for r in requests))
     table = core_decomposition_table(config)

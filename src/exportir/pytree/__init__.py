@@ -12,7 +12,8 @@ Contracts
 - Types registered only with torch (``torch.utils._pytree.register_pytree_node``,
   ``torch.export.register_dataclass``, torch's own structseqs) are honoured: when a type is not
   in our table, torch's table is consulted. torch is never imported for that: we look only if
-  ``torch.utils._pytree`` is already loaded.
+  ``torch.utils._pytree`` is already loaded. Likewise ``tree_flatten_spec`` reads flatten-spec
+  functions registered with ``torch.fx._pytree`` when that module is loaded.
 - ``treespec_loads`` never imports modules and never binds arbitrary callables: enum classes
   named in a serialized spec are read out of the namespaces of modules already in
   ``sys.modules`` (no ``getattr``, so no lazy imports), namedtuple classes must be registered,
@@ -67,19 +68,23 @@ from exportir.pytree._registry import (  # noqa: F401
     STANDARD_DICT_TYPES,
     SUPPORTED_NODES,
     Context,
+    DumpableContext,
     FlattenFn,
     FlattenWithKeysFn,
+    FromDumpableContextFn,
     IsLeafFn,
     NodeDef,
     PyTree,
     PytreeRegistry,
     SerializeNodeDef,
+    ToDumpableContextFn,
     TreeSpecSerializationError,
     UnflattenFn,
     _dataclass_field_names,
     _defaultdict_from_dumpable,
     _defaultdict_to_dumpable,
     _defaultdict_with_keys,
+    _deregister_pytree_node,
     _dict_with_keys,
     _flatten_defaultdict,
     _flatten_deque,
@@ -98,6 +103,9 @@ from exportir.pytree._registry import (  # noqa: F401
     is_namedtuple_class,
     is_namedtuple_instance,
     is_registered,
+    is_structseq,
+    is_structseq_class,
+    is_structseq_instance,
     register_dataclass,
     register_namedtuple,
     register_pytree_node,
@@ -145,17 +153,23 @@ from exportir.pytree._spec import (  # noqa: F401
     treespec_tuple,
 )
 
+PyTreeSpec = TreeSpec  # torch.utils._pytree's alias
+
 __all__ = [
     "DEFAULT_REGISTRY",
+    "DumpableContext",
+    "FromDumpableContextFn",
     "GetAttrKey",
     "KeyEntry",
     "KeyPath",
     "LeafSpec",
     "MappingKey",
     "NodeDef",
+    "PyTreeSpec",
     "PytreeRegistry",
     "SequenceKey",
     "SerializeNodeDef",
+    "ToDumpableContextFn",
     "TreeSpec",
     "TreeSpecSerializationError",
     "arg_tree_leaves",
@@ -164,6 +178,9 @@ __all__ = [
     "is_namedtuple_class",
     "is_namedtuple_instance",
     "is_registered",
+    "is_structseq",
+    "is_structseq_class",
+    "is_structseq_instance",
     "key_get",
     "keystr",
     "map_only",

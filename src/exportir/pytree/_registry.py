@@ -24,6 +24,9 @@ FlattenFn = Callable[[Any], "tuple[list[Any], Context]"]
 UnflattenFn = Callable[[Iterable[Any], Context], Any]
 FlattenWithKeysFn = Callable[[Any], "tuple[list[tuple[Any, Any]], Context]"]
 IsLeafFn = Callable[[Any], bool] | None
+DumpableContext = Any  # what a context becomes for JSON: any json-dumpable value
+ToDumpableContextFn = Callable[[Context], DumpableContext]
+FromDumpableContextFn = Callable[[DumpableContext], Context]
 
 NO_SERIALIZED_TYPE_NAME_FOUND = "NO_SERIALIZED_TYPE_NAME_FOUND"
 DEFAULT_TREESPEC_SERIALIZATION_PROTOCOL = 1
@@ -54,6 +57,34 @@ def is_namedtuple(obj: Any) -> bool:
 def is_namedtuple_instance(obj: Any) -> bool:
     """True if ``obj`` is an instance of a namedtuple class."""
     return is_namedtuple_class(type(obj))
+
+
+# --------------------------------------------------------------------------- structseqs
+
+# Set on types that may be subclassed (CPython's Py_TPFLAGS_BASETYPE); structseqs may not.
+_Py_TPFLAGS_BASETYPE = 1 << 10
+
+
+def is_structseq_class(cls: Any) -> bool:
+    """True for CPython struct sequences (``torch.return_types.max``, ``os.stat_result``):
+    direct tuple subclasses with the ``n_*fields`` counts that cannot be subclassed."""
+    return (
+        isinstance(cls, type)
+        and cls.__bases__ == (tuple,)
+        and all(isinstance(getattr(cls, f, None), int)
+                for f in ("n_fields", "n_sequence_fields", "n_unnamed_fields"))
+        and not cls.__flags__ & _Py_TPFLAGS_BASETYPE
+    )
+
+
+def is_structseq(obj: Any) -> bool:
+    """True if ``obj`` is a struct sequence class or instance."""
+    return is_structseq_class(obj if isinstance(obj, type) else type(obj))
+
+
+def is_structseq_instance(obj: Any) -> bool:
+    """True if ``obj`` is an instance of a struct sequence class."""
+    return is_structseq_class(type(obj))
 
 
 # --------------------------------------------------------------------------- registry
@@ -453,6 +484,11 @@ def register_dataclass(
         cls, flatten, unflatten, serialized_type_name=serialized_type_name,
         flatten_with_keys_fn=flatten_with_keys,
     )
+
+
+def _deregister_pytree_node(cls: type) -> None:
+    """Undo a registration with ours (KeyError if ``cls`` is not registered with ours)."""
+    DEFAULT_REGISTRY.unregister(cls)
 
 
 def is_registered(cls: type) -> bool:

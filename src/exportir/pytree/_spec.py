@@ -8,6 +8,7 @@ ways.
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict, defaultdict, deque, namedtuple
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -20,6 +21,7 @@ from exportir.pytree._registry import (
     IsLeafFn,
     PyTree,
     PytreeRegistry,
+    is_structseq_class,
 )
 
 # --------------------------------------------------------------------------- TreeSpec
@@ -342,7 +344,9 @@ def _by_context_keys(node: Any, spec: TreeSpec) -> list[Any]:
     return [node[k] for k in spec._context]
 
 
-# Spec-driven child extraction used by FX-generated code (torch.fx._pytree equivalent).
+# Spec-driven child extraction used by FX-generated code, keyed by ``TreeSpec.type``.
+# ``exportir.fx._pytree`` publishes this very dict as its ``SUPPORTED_NODES`` and adds to it
+# with ``register_pytree_flatten_spec``; the builtin rows are these four.
 _FLATTEN_SPEC_RULES: dict[Any, Callable[[Any, TreeSpec], list[Any]]] = {
     dict: _by_context_keys,
     list: _by_index,
@@ -350,27 +354,39 @@ _FLATTEN_SPEC_RULES: dict[Any, Callable[[Any, TreeSpec], list[Any]]] = {
     namedtuple: _by_index,
 }
 
+# torch's table of the same rules; functions users registered there are honoured, read only
+# when torch has loaded that module (it always does on ``import torch``; never imported here).
+_TORCH_FX_PYTREE = "torch.fx._pytree"
 
-def _is_structseq_class(cls: Any) -> bool:
-    return (
-        isinstance(cls, type)
-        and cls.__bases__ == (tuple,)
-        and isinstance(getattr(cls, "n_sequence_fields", None), int)
-    )
+
+_is_structseq_class = is_structseq_class  # the name this module used before
+
+
+def _flatten_spec_rule(spec_type: Any) -> Callable[[Any, TreeSpec], list[Any]] | None:
+    """The rule reading the children of a node of ``spec_type``: ours, then torch's, else None."""
+    rule = _FLATTEN_SPEC_RULES.get(spec_type)
+    if rule is not None:
+        return rule
+    if _is_structseq_class(spec_type):
+        return _by_index
+    torch_fx_pytree = sys.modules.get(_TORCH_FX_PYTREE)
+    if torch_fx_pytree is None:
+        return None
+    return torch_fx_pytree.SUPPORTED_NODES.get(spec_type)
 
 
 def tree_flatten_spec(pytree: PyTree, spec: TreeSpec) -> list[Any]:
     """Leaves of ``pytree`` read in the layout of ``spec`` (for ``concrete_args`` code).
 
-    dicts are read by the spec's keys and sequences by index, so extra entries are ignored;
-    other node types must flatten to exactly ``spec`` or a RuntimeError is raised.
+    Node types with a flatten-spec rule are read by the rule -- dicts by the spec's keys and
+    sequences by index, so extra entries are ignored and a Proxy standing for the container
+    is indexed, which is what lets a GraphModule with structured inputs be traced again.
+    Other node types must flatten to exactly ``spec`` or a RuntimeError is raised.
     """
     spec = _as_spec(spec)
     if spec.is_leaf():
         return [pytree]
-    rule = _FLATTEN_SPEC_RULES.get(spec._type)
-    if rule is None and _is_structseq_class(spec._type):
-        rule = _by_index
+    rule = _flatten_spec_rule(spec._type)
     if rule is not None:
         out: list[Any] = []
         for child, child_spec in zip(rule(pytree, spec), spec._children):

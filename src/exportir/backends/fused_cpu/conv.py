@@ -45,20 +45,31 @@ def _macs(op: Op, w_shape: tuple[int, ...]) -> int:
 
 
 def small_conv(g: Graph, op: Op) -> bool:
-    x, w, _bias, stride, padding, dilation, transposed, output_padding, groups = op.args
+    x, w, _bias, *params, groups = op.args
     x_shape, w_shape = static_shape(x), static_shape(w)
     if x_shape is None or w_shape is None or len(x_shape) not in (3, 4) or op.kwargs:
         return False
+    transposed = params[3]
+    stride, padding, dilation, output_padding = (
+        _spatial(p, len(x_shape) - 2) for p in (*params[:3], params[4])
+    )
     if _macs(op, w_shape) > SMALL_CONV_MACS:
-        return _onednn(g, op)
+        return _onednn(g, op, stride, padding, dilation)
     if any(d != 1 for d in dilation):
         return False
     if groups == 1:
-        return _plain(g, op, list(stride), list(padding), list(output_padding))
+        return _plain(g, op, stride, padding, output_padding)
     depthwise = w_shape[0] == x_shape[1] == groups and w_shape[1] == 1
     if depthwise and not transposed and len(x_shape) == 3:
         return _depthwise_1d(g, op, stride[0], padding[0])
     return False
+
+
+def _spatial(param: list[int], n: int) -> list[int]:
+    """``param`` (stride, padding...) for each of ``n`` spatial dims: ``aten.convolution``
+    repeats a one-element list (``Conv2d(padding="valid")`` exports ``padding=[0]``)."""
+    items = list(param)
+    return items * n if len(items) == 1 else items
 
 
 def _plain(g: Graph, op: Op, stride: list, padding: list, output_padding: list) -> bool:
@@ -112,14 +123,15 @@ def _depthwise_1d(g: Graph, op: Op, stride: int, padding: int) -> bool:
     return True
 
 
-def _onednn(g: Graph, op: Op) -> bool:
-    x, w, bias, stride, padding, dilation, transposed, _, groups = op.args
+def _onednn(g: Graph, op: Op, stride: list, padding: list, dilation: list) -> bool:
+    x, w, bias = op.args[:3]
+    transposed, groups = op.args[6], op.args[8]
     if transposed or len(static_shape(x)) != 4 or w.const is None or not _has_onednn():
         return False
     if x.dtype != torch.float32 or w.dtype != torch.float32:
         return False
     op.name = _POINTWISE
-    op.args = [x, w, bias, list(padding), list(stride), list(dilation), groups, "none", [], None]
+    op.args = [x, w, bias, padding, stride, dilation, groups, "none", [], None]
     g.changed()
     return True
 

@@ -42,7 +42,7 @@ from exportir.dialects.backend import (
 )
 from exportir.export.signature import InputKind, OutputKind
 from exportir.fx.node import Node
-from exportir.passes.partition import propose_partitions, tag_partitions
+from exportir.passes.partition import Grouping, propose_partitions, tag_partitions
 from exportir.runtime.backends.fused_cpu import BACKEND_ID, OPS
 
 __all__ = ["LAYOUT_OPS", "FusedCpuPartitioner"]
@@ -151,36 +151,17 @@ class FusedCpuPartitioner(Partitioner):
 
 
 def _merge_independent(graph: Any, parts: list[list[Node]]) -> list[list[Node]]:
-    """Partitions merged whenever no path leaves one and enters the other (one delegate call
-    instead of several; independent branches of a model become one partition)."""
-    order = {n: i for i, n in enumerate(graph.nodes)}
-    groups: list[set[Node]] = []
+    """Partitions merged whenever that makes no cycle, counting every partition as the one node
+    it fuses into (one delegate call instead of several; independent branches of a model become
+    one partition)."""
+    grouping = Grouping({n: i for i, n in enumerate(graph.nodes)})
     for part in parts:
-        for group in groups:
-            if not _leaves_and_returns(group | set(part), order):
-                group.update(part)
-                break
-        else:
-            groups.append(set(part))
-    return sorted((sorted(g, key=order.__getitem__) for g in groups), key=lambda p: order[p[0]])
-
-
-def _leaves_and_returns(members: set[Node], order: dict[Node, int]) -> bool:
-    """Whether a path leaves ``members`` and comes back (fusing them would make a cycle)."""
-    last = max(order[n] for n in members)
-    seen: set[Node] = set()
-    stack = [u for m in members for u in m.users if u not in members and order[u] < last]
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        for user in node.users:
-            if user in members:
-                return True
-            if order[user] < last:
-                stack.append(user)
-    return False
+        grouping.add(part)
+    kept: list[Node] = []  # one node of each merged group so far
+    for part in parts:
+        if not any(grouping.merge(first, part[0]) for first in kept):
+            kept.append(part[0])
+    return grouping.groups()
 
 
 def _tag(node: Node) -> Any:

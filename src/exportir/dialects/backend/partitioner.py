@@ -13,8 +13,9 @@ Contract of ``partition``:
 - tag a parameter / buffer / constant placeholder with a partition's tag to hand that tensor
   over to the backend (it moves into the delegate's blob); untagged ones are passed to the
   delegate as inputs;
-- a tag's nodes must be fusable without a cycle: no path may leave the partition and come back
-  (:func:`exportir.passes.partition.propose_partitions` builds such partitions);
+- a tag's nodes must be fusable without a cycle: no path may leave the partition and come back,
+  where a path entering another tag's partition leaves it from any of its nodes (it becomes one
+  delegate call) (:func:`exportir.passes.partition.propose_partitions` builds such partitions);
 - tagging happens on the program it is given; ``to_backend`` hands it a copy.
 """
 

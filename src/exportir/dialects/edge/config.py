@@ -17,8 +17,21 @@ _aten = torch.ops.aten
 
 # Non-core ATen ops every Edge program may contain (ExecuTorch's verifier keeps such a default
 # exception list too): ops export produces that no core decomposition removes, whose kernels
-# the runtime has. Op -> why it is accepted and how it runs.
+# the runtime has. Op -> why it is accepted and how it runs. Their dtype constraints are in
+# edge.yaml with the core ops' (scripts/gen_edge_yaml.py probes them too).
 DEFAULT_CORE_ATEN_OPS_EXCEPTIONS: dict[Any, str] = {
+    _aten.max.default: (
+        "torch.max(x) without a dim; ExecuTorch's Edge verifier accepts it too; runs as "
+        "aten::max.unary_out"
+    ),
+    _aten.min.default: (
+        "torch.min(x) without a dim; ExecuTorch's Edge verifier accepts it too; runs as "
+        "aten::min.unary_out"
+    ),
+    _aten._upsample_bilinear2d_aa.default: (
+        "F.interpolate(mode='bilinear', antialias=True); ExecuTorch's Edge verifier accepts it "
+        "too; runs as aten::_upsample_bilinear2d_aa.out"
+    ),
     _aten.adaptive_max_pool2d.default: (
         "nn.AdaptiveMaxPool2d has no core decomposition for arbitrary output sizes; runs as "
         "aten::adaptive_max_pool2d.out"

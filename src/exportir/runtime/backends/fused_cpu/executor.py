@@ -17,6 +17,12 @@ the blob is ever pasted into the source. Keyword-argument names are the op's ATe
 a kernel that is a ``torch.Tensor`` method is called as one (``v3.permute(0, 2, 1)``), its name
 taken from the method object itself.
 
+The function's globals hold no builtins but ``__import__``, and that one only hands out modules
+already loaded (:func:`_loaded_module`): torch's C++ argument parsing imports ``torch`` from the
+calling frame's builtins the first time it meets a Python float or an int list (to find
+``torch.SymFloat`` / ``torch.SymInt``), and the calling frame is this function's. The source
+never names ``__import__``, and nothing new can be loaded through it.
+
 A value is dropped (``del``) after its last reader; ops the blob marks run in place after
 :func:`.plan.inplace_hazard` agreed. An output that shares memory with a delegate input or
 constant, or repeats an earlier output, is cloned. A failing op is found from the traceback's line number, so a call pays
@@ -26,6 +32,7 @@ nothing for error reporting.
 from __future__ import annotations
 
 import keyword
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import CodeType
@@ -76,6 +83,30 @@ class FusedProgram:
         return FusedCpuExecutionError(f"{where} failed: {type(exc).__name__}: {exc}")
 
 
+def _loaded_module(
+    name: str,
+    globals: Any = None,
+    locals: Any = None,
+    fromlist: Sequence[str] = (),
+    level: int = 0,
+) -> Any:
+    """``__import__`` for the generated function's frame (module docstring): an absolute import
+    of a module already in ``sys.modules``; anything else raises ImportError."""
+    module = sys.modules.get(name) if level == 0 else None
+    if module is None:
+        raise ImportError(
+            f"fused_cpu delegate: a kernel tried to import {name!r}, which is not loaded; "
+            "import it before running the program"
+        )
+    if fromlist or "." not in name:
+        return module
+    return sys.modules[name.partition(".")[0]]
+
+
+# The generated function's builtins: only what CPython's C-level imports look up.
+_BUILTINS = {"__import__": _loaded_module}
+
+
 class _Source:
     """Builds the function's source and namespace."""
 
@@ -83,7 +114,7 @@ class _Source:
         self.blob = blob
         self.plan = p
         self.constants = {s for s, _ in blob.constants}
-        self.namespace: dict[str, Any] = {"__builtins__": {}}
+        self.namespace: dict[str, Any] = {"__builtins__": dict(_BUILTINS)}
         self.literals = 0
         self.lines: list[str] = []
         self.line_ops: dict[int, int] = {}

@@ -1,0 +1,211 @@
+"""Sample arguments for every entry of the fused CPU kernel table (``SAMPLES``: op name ->
+list of ``(args, kwargs)``), shared by the kernel tests and the fresh-process tests; tensors are
+drawn from a fixed seed, so every import makes the same samples."""
+
+from __future__ import annotations
+
+import torch
+
+_GEN = torch.Generator().manual_seed(0)
+
+
+def _r(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=_GEN)
+
+
+def _pos(*shape: int) -> torch.Tensor:
+    return torch.rand(*shape, generator=_GEN) + 0.5
+
+
+def _i(high: int, *shape: int) -> torch.Tensor:
+    return torch.randint(0, high, shape, generator=_GEN)
+
+
+def _b(*shape: int) -> torch.Tensor:
+    return torch.rand(*shape, generator=_GEN) > 0.5
+
+
+# op -> (args, kwargs) builders; tensors become delegate inputs
+_UNARY = [
+    "abs",
+    "ceil",
+    "cos",
+    "erf",
+    "exp",
+    "floor",
+    "neg",
+    "relu",
+    "sigmoid",
+    "sign",
+    "sin",
+    "tanh",
+    "gelu",
+    "hardsigmoid",
+    "hardswish",
+    "silu",
+    "elu",
+    "hardtanh",
+    "leaky_relu",
+]
+_POSITIVE = ["log", "log1p", "rsqrt", "sqrt", "reciprocal"]
+_BINARY = [
+    "add.Tensor",
+    "sub.Tensor",
+    "mul.Tensor",
+    "div.Tensor",
+    "maximum",
+    "minimum",
+    "atan2",
+    "eq.Tensor",
+    "ne.Tensor",
+    "lt.Tensor",
+    "le.Tensor",
+    "gt.Tensor",
+    "ge.Tensor",
+    "remainder.Tensor",
+]
+_SCALAR = [
+    "add.Scalar",
+    "sub.Scalar",
+    "mul.Scalar",
+    "div.Scalar",
+    "remainder.Scalar",
+    "eq.Scalar",
+    "ne.Scalar",
+    "lt.Scalar",
+    "le.Scalar",
+    "gt.Scalar",
+    "ge.Scalar",
+]
+_LOGICAL = ["logical_and", "logical_or", "logical_xor", "bitwise_and.Tensor", "bitwise_or.Tensor"]
+
+SAMPLES: dict[str, list] = {}
+for _op in _UNARY:
+    SAMPLES[f"aten.{_op}.default"] = [((_r(3, 4),), {})]
+for _op in _POSITIVE:
+    SAMPLES[f"aten.{_op}.default"] = [((_pos(3, 4),), {})]
+for _op in _BINARY:
+    _name = f"aten.{_op}" if "." in _op else f"aten.{_op}.default"
+    SAMPLES[_name] = [((_r(3, 4), _r(4)), {}), ((_r(2, 3), _pos(2, 3)), {})]
+for _op in _SCALAR:
+    SAMPLES[f"aten.{_op}"] = [((_r(3, 4), 0.5), {}), ((_i(9, 3, 4), 2), {})]
+for _op in _LOGICAL:
+    _name = f"aten.{_op}" if "." in _op else f"aten.{_op}.default"
+    SAMPLES[_name] = [((_b(3, 4), _b(3, 4)), {})]
+
+_x4 = _r(2, 3, 5, 5)
+SAMPLES.update({
+    "aten.add.Tensor": [((_r(3, 4), _r(4)), {}), ((_r(3, 4), _r(3, 4)), {"alpha": 2.0})],
+    "aten.sub.Tensor": [((_r(3, 4), _r(4)), {}), ((_r(3, 4), _r(3, 4)), {"alpha": 0.5})],
+    "aten.add.Scalar": [((_r(3, 4), 0.5), {}), ((_r(3, 4), 0.5, 2), {})],
+    "aten.sub.Scalar": [((_r(3, 4), 0.5), {}), ((_r(3, 4), 0.5, 2), {})],
+    "aten.div.Tensor_mode": [((_r(3, 4), _pos(3, 4)), {"rounding_mode": "floor"})],
+    "aten.pow.Tensor_Tensor": [((_pos(3, 4), _r(3, 4)), {})],
+    "aten.pow.Tensor_Scalar": [((_r(3, 4), 2), {}), ((_pos(3, 4), 0.5), {})],
+    "aten.where.self": [((_b(3, 4), _r(3, 4), _r(4)), {})],
+    "aten.logical_not.default": [((_b(3, 4),), {})],
+    "aten.bitwise_not.default": [((_b(3, 4),), {}), ((_i(9, 3),), {})],
+    "aten.clamp.default": [((_r(3, 4), -0.5, 0.5), {}), ((_r(3, 4), None, 0.1), {})],
+    "aten.clamp.Tensor": [((_r(3, 4), _r(4), None), {})],
+    "aten.gelu.default": [((_r(3, 4),), {}), ((_r(3, 4),), {"approximate": "tanh"})],
+    "aten.hardtanh.default": [((_r(3, 4), -0.5, 0.25), {})],
+    "aten.leaky_relu.default": [((_r(3, 4), 0.2), {})],
+    "aten.elu.default": [((_r(3, 4), 0.5, 1.5, 2.0), {})],
+    "aten._softmax.default": [((_r(3, 4), -1, False), {})],
+    "aten._log_softmax.default": [((_r(3, 4), 0, False), {})],
+    "aten.native_layer_norm.default": [((_r(2, 3, 4), [4], _r(4), _r(4), 1e-5), {})],
+    "aten.layer_norm.default": [((_r(2, 3, 4), [3, 4], _r(3, 4), None, 1e-5), {})],
+    "aten.native_group_norm.default": [((_x4, _r(3), _r(3), 2, 3, 25, 3, 1e-5), {})],
+    "aten.group_norm.default": [((_x4, 3, _r(3), _r(3), 1e-5), {})],
+    "aten._native_batch_norm_legit_no_training.default": [
+        ((_x4, _r(3), _r(3), _r(3), _pos(3), 0.1, 1e-5), {})
+    ],
+    "aten._native_batch_norm_legit_functional.default": [
+        ((_x4, _r(3), _r(3), _r(3), _pos(3), True, 0.1, 1e-5), {}),
+        ((_x4, None, None, _r(3), _pos(3), False, 0.1, 1e-5), {}),
+    ],
+    "aten.batch_norm.default": [((_x4, _r(3), _r(3), _r(3), _pos(3), False, 0.1, 1e-5, False), {})],
+    "aten.mean.dim": [((_r(3, 4), [1], True), {}), ((_r(3, 4), None), {})],
+    "aten.mean.default": [((_r(3, 4),), {})],
+    "aten.sum.dim_IntList": [((_r(3, 4), [0]), {}), ((_r(3, 4), [0, 1], True), {})],
+    "aten.amax.default": [((_r(3, 4), [1]), {})],
+    "aten.amin.default": [((_r(3, 4), [0], True), {})],
+    "aten.any.dim": [((_b(3, 4), -1, True), {})],
+    "aten.argmax.default": [((_r(3, 4), 1), {}), ((_r(3, 4),), {})],
+    "aten.cumsum.default": [((_r(3, 4), 1), {}), ((_i(5, 3, 4), 0), {"dtype": torch.float32})],
+    "aten.addmm.default": [((_r(4), _r(3, 5), _r(5, 4)), {}), ((_r(3, 4), _r(3, 5), _r(5, 4)), {"beta": 0.5, "alpha": 2.0})],
+    "aten.mm.default": [((_r(3, 5), _r(5, 4)), {})],
+    "aten.bmm.default": [((_r(2, 3, 5), _r(2, 5, 4)), {})],
+    "aten.matmul.default": [((_r(2, 1, 3, 5), _r(4, 5, 2)), {}), ((_r(3, 5), _r(5)), {})],
+    "aten.linear.default": [((_r(2, 3, 5), _r(4, 5), _r(4)), {}), ((_r(3, 5), _r(4, 5)), {})],
+    "aten.convolution.default": [
+        ((_x4, _r(4, 3, 3, 3), _r(4), [1, 1], [1, 1], [1, 1], False, [0, 0], 1), {}),
+        ((_x4, _r(3, 2, 3, 3), None, [2, 2], [0, 0], [1, 1], True, [1, 1], 1), {}),
+        ((_r(2, 4, 9), _r(4, 1, 3), None, [1], [1], [1], False, [0], 4), {}),
+    ],
+    "aten.thnn_conv2d.default": [((_x4, _r(4, 3, 3, 3), [3, 3], _r(4), [1, 1], [1, 1]), {}), ((_x4, _r(4, 3, 1, 2), [1, 2]), {})],
+    "aten.slow_conv_transpose2d.default": [((_x4, _r(3, 2, 3, 3), [3, 3], _r(2), [2, 2], [1, 1], [1, 1]), {})],
+    "aten.unfold_copy.default": [((_r(2, 3, 9), 2, 3, 2), {})],
+    "mkldnn._convolution_pointwise.default": [
+        ((_x4, _r(4, 3, 3, 3), _r(4), [1, 1], [1, 1], [1, 1], 1, "none", [], None), {}),
+        ((_x4, _r(6, 1, 3, 3), None, [0, 0], [2, 2], [1, 1], 3, "relu", [], None), {}),
+    ],
+    "mkldnn._convolution_pointwise.binary": [
+        ((_x4, _r(2, 4, 5, 5), _r(4, 3, 3, 3), _r(4), [1, 1], [1, 1], [1, 1], 1, "add", None, "relu", [], None), {}),
+        ((_x4, _r(2, 4, 5, 5), _r(4, 3, 3, 3), None, [1, 1], [1, 1], [1, 1], 1, "add", None, None, [], None), {}),
+    ],
+    "aten.avg_pool2d.default": [((_x4, [2, 2], [2, 2]), {}), ((_x4, [3, 3], [1, 1], [1, 1], True, False), {})],
+    "aten.max_pool2d_with_indices.default": [((_x4, [2, 2], [2, 2]), {})],
+    "aten.max_pool2d.default": [((_x4, [3, 3], [2, 2], [1, 1]), {})],
+    "aten._adaptive_avg_pool2d.default": [((_x4, [2, 3]), {})],
+    "aten.adaptive_max_pool2d.default": [((_x4, [2, 2]), {})],
+    "aten.upsample_nearest2d.vec": [((_x4, [10, 7], None), {}), ((_x4, None, [2.0, 2.0]), {})],
+    "aten.upsample_bilinear2d.vec": [((_x4, [10, 10], False, None), {}), ((_x4, None, True, [1.5, 2.0]), {})],
+    "aten.constant_pad_nd.default": [((_r(2, 3), [1, 2], 0.5), {})],
+    "aten._scaled_dot_product_flash_attention_for_cpu.default": [
+        ((_r(2, 2, 5, 4), _r(2, 2, 5, 4), _r(2, 2, 5, 4)), {}),
+        ((_r(1, 2, 3, 4), _r(1, 2, 6, 4), _r(1, 2, 6, 4), 0.0, True), {"scale": 0.3}),
+        ((_r(1, 2, 3, 4), _r(1, 2, 3, 4), _r(1, 2, 3, 4)), {"attn_mask": _r(3, 3)}),
+    ],
+    "aten.embedding.default": [((_r(10, 4), _i(10, 2, 3)), {}), ((_r(10, 4), _i(10, 5), 0), {})],
+    "aten.index.Tensor": [((_r(4, 5), [None, _i(5, 3)]), {}), ((_r(4, 5), [_i(4, 2)]), {})],
+    "aten.index_put.default": [((_r(2, 3, 4), [None, None, _i(4, 1)], _r(2, 3, 1)), {}), ((_r(4, 3), [_i(4, 2)], _r(2, 3), True), {})],
+    "aten.index_select.default": [((_r(4, 5), 1, _i(5, 3)), {})],
+    "aten.gather.default": [((_r(4, 5), 1, _i(5, 4, 2)), {})],
+    "aten.scatter_add.default": [((_r(4, 5), 1, _i(5, 4, 2), _r(4, 2)), {})],
+    "aten.slice_scatter.default": [((_r(4, 5), _r(4, 2), 1, 1, 3), {})],
+    "aten.flip.default": [((_r(3, 4), [0, 1]), {})],
+    "aten.repeat.default": [((_r(2, 3), [2, 1, 2]), {})],
+    "aten.full.default": [(([2, 3], 1.5), {"dtype": torch.float32, "layout": torch.strided, "device": torch.device("cpu"), "pin_memory": False})],
+    "aten.full_like.default": [((_r(2, 3), 7), {"dtype": torch.int64, "memory_format": torch.preserve_format})],
+    "aten.scalar_tensor.default": [((float("-inf"),), {"dtype": torch.float32})],
+    "aten.arange.start_step": [((0, 7), {}), ((1, 7, 2), {"dtype": torch.float32})],
+    "aten.view_copy.default": [((_r(2, 6), [3, 4]), {}), ((_r(2, 3).t(), [6]), {})],
+    "aten.permute_copy.default": [((_r(2, 3, 4), [2, 0, 1]), {})],
+    "aten.expand_copy.default": [((_r(3, 1), [2, 3, 4]), {})],
+    "aten.unsqueeze_copy.default": [((_r(2, 3), -1), {})],
+    "aten.squeeze_copy.dims": [((_r(2, 1, 3, 1), [1, -1]), {})],
+    "aten.squeeze_copy.dim": [((_r(2, 1, 3), 1), {})],
+    "aten.transpose_copy.int": [((_r(2, 3, 4), 0, 2), {})],
+    "aten.select_copy.int": [((_r(2, 3, 4), 1, -1), {})],
+    "aten.slice_copy.Tensor": [
+        ((_r(4, 6), 1, 1, 5, 2), {}),
+        ((_r(4, 6), -1, -3), {}),
+        ((_r(4, 6), 0, 1, 9223372036854775807), {}),
+        ((_r(4, 6),), {}),
+    ],
+    "aten.clone.default": [
+        ((_r(2, 3),), {}),
+        ((_r(2, 3).t(),), {"memory_format": torch.contiguous_format}),
+        ((_x4,), {"memory_format": torch.channels_last}),
+    ],
+    "aten._to_copy.default": [
+        ((_r(2, 3),), {"dtype": torch.float64}),
+        ((_r(2, 3),), {"dtype": torch.float32}),
+        ((_i(5, 2, 3),), {"dtype": torch.float32, "layout": torch.strided, "device": torch.device("cpu")}),
+        ((_r(2, 3),), {"memory_format": torch.contiguous_format}),
+    ],
+    "aten.split_with_sizes_copy.default": [((_r(2, 7), [3, 4], 1), {})],
+    "aten.unbind_copy.int": [((_r(3, 2, 4), 1), {})],
+    "aten.cat.default": [(([_r(2, 3), _r(1, 3)],), {}), (([_r(2, 3), _r(2, 1)], 1), {})],
+})  # fmt: skip

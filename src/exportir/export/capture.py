@@ -36,6 +36,7 @@ from exportir.export._node_meta import (
     TorchFunctions,
     current_stack_trace,
     innermost_user_frame,
+    node_name,
     source_fn_entry,
 )
 from exportir.export.fake import (
@@ -124,10 +125,14 @@ class Recorder:
     def _lift_constant(self, real: torch.Tensor, fake: FakeTensor) -> None:
         _check_initialized("tensor", "", real)
         target = self.attr_constants.get(id(real))
-        if target is None:
-            target = f"lifted_tensor_{self._lifted_count}"
+        if target is None:  # named as torch.export does: under the innermost module running
+            target = _join(self._innermost_module(), f"lifted_tensor_{self._lifted_count}")
             self._lifted_count += 1
         self.add_input("c_" + _sanitize(target), fake, Lifted("constant", target, None, real))
+
+    def _innermost_module(self) -> str:
+        stack = self.modules.current() if self.modules else {}
+        return next(reversed(stack.values()))[0] if stack else ""
 
     # -- recording ------------------------------------------------------------------------
 
@@ -265,7 +270,7 @@ class Recorder:
             func,
             self.as_arg(tuple(args)),
             {k: self.as_arg(v) for k, v in kwargs.items()},
-            name=_node_name(func),
+            name=node_name(func),
         )
         self._fill_meta(node, func, _as_val(out))
         if isinstance(out, (tuple, list)):
@@ -590,11 +595,6 @@ def _check_initialized(kind: str, fqn: str, t: torch.Tensor) -> None:
 def _sanitize(name: str) -> str:
     out = "".join(c if c.isalnum() else "_" for c in name)
     return out.lower()
-
-
-def _node_name(func: Any) -> str:
-    packet = getattr(func, "overloadpacket", None)
-    return packet.__name__ if packet is not None else getattr(func, "__name__", "fn")
 
 
 def _has_tensor(out: Any) -> bool:

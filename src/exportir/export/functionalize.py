@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from exportir.export._node_meta import node_name
 from exportir.export.fake import FakeConverter, run_fake
 from exportir.fx import Graph, Node
 
@@ -405,8 +406,7 @@ class Functionalizer:
     # -- emitting nodes ----------------------------------------------------------------------
 
     def emit(self, target: Any, args: tuple, kwargs: dict, val: Any = _COMPUTE) -> Node:
-        name = getattr(target, "overloadpacket", target).__name__  # getitem, cond, map_impl...
-        node = self.new.create_node("call_function", target, args, kwargs, name=name)
+        node = self.new.create_node("call_function", target, args, kwargs, name=node_name(target))
         if self.origin is not None:
             for key in _META_KEYS:
                 if key in self.origin.meta:

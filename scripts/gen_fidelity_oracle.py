@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 warnings.filterwarnings("ignore")
 
-from corpus import fidelity as F  # noqa: E402
+from corpus import fidelity as F
 
 
 def main(argv: list[str]) -> None:

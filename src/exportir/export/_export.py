@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from exportir.export._inputs import check_binding
 from exportir.export._module_call import ModuleCallRecorder
 from exportir.export.capture import capture
 
@@ -41,6 +42,7 @@ def export(
             "checks guards on input dims against dynamic_shapes; export without the flag."
         )
     mod, args, kwargs = _normalize(mod, args, kwargs)
+    check_binding(mod, args, kwargs)
     # hooks on the listed submodules, removed on exit even when capture fails
     with ModuleCallRecorder(mod, tuple(preserve_module_call_signature)) as calls:
         if dynamic_shapes is not None:

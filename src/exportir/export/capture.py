@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from exportir import pytree
 from exportir.export._composite import KEPT_WHOLE, CompositeOverrides
+from exportir.export._inputs import bind_inputs, flatten_with_names, forward_arg_names
 from exportir.export._node_meta import (
     ModuleCalls,
     TorchFunctions,
@@ -518,25 +519,6 @@ def graph_module(rec: Recorder) -> GraphModule:
     return GraphModule(torch.nn.Module(), rec.graph)
 
 
-def flatten_with_names(bound: dict[str, Any]) -> list[tuple[str, Any]]:
-    """User input leaves named like torch.export: ``x``, ``y_0``, ``d_a_b``."""
-    named = []
-    for path, leaf in pytree.tree_leaves_with_path(bound):
-        named.append(("_".join(_key_text(k) for k in path).lower(), leaf))
-    return named
-
-
-def _key_text(key: Any) -> str:
-    """Duck-typed: keys may come from exportir.pytree or from torch's registry."""
-    if hasattr(key, "idx"):
-        return str(key.idx)
-    if hasattr(key, "key"):
-        return "".join(c if c.isalnum() else "_" for c in str(key.key))
-    if hasattr(key, "name"):
-        return key.name
-    return str(key)
-
-
 # --- capturing a module --------------------------------------------------------------------
 
 
@@ -610,7 +592,9 @@ def capture(
         constants=_constants(rec),
         in_spec=in_spec,
         out_spec=out_spec,
-        module_call_graph=_module_call_graph(mod, in_spec, out_spec, _arg_names(mod, args)),
+        module_call_graph=_module_call_graph(
+            mod, in_spec, out_spec, forward_arg_names(mod, args, kwargs)
+        ),
         shape_env=env,
         range_constraints=range_constraints(gm, env),
     )
@@ -637,34 +621,6 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def _forward_of(mod: torch.nn.Module) -> Callable[..., Any]:
-    """What names the inputs: ``forward``, or the function a function-export wraps."""
-    return getattr(mod, "exported_function", None) or mod.forward
-
-
-def _bind_inputs(mod: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
-    import inspect
-
-    try:
-        sig = inspect.signature(_forward_of(mod))
-        bound = sig.bind_partial(*args).arguments
-    except (TypeError, ValueError) as err:
-        raise ExportError(
-            f"the example inputs do not match {type(mod).__name__}.forward's signature: {err}.\n"
-            "Pass args as a tuple of positional arguments and kwargs as a dict."
-        ) from err
-    return {**bound, **kwargs}
-
-
-def _arg_names(mod: torch.nn.Module, args: tuple) -> list[str]:
-    import inspect
-
-    try:
-        return list(inspect.signature(_forward_of(mod)).bind_partial(*args).arguments)
-    except (TypeError, ValueError):
-        return []
-
-
 def fakify_inputs(flat_inputs: list, dims_spec: DimsSpec | None, shape_env: ShapeEnv) -> list:
     """Fakes of the flat user inputs; dimensions named in ``dims_spec`` get symbolic sizes."""
     specs = dims_spec if dims_spec is not None else [None] * len(flat_inputs)
@@ -686,7 +642,7 @@ def _user_inputs(
     rec: Recorder, mod: torch.nn.Module, args: tuple, kwargs: dict, flat: list,
     dims_spec: Any = None,
 ) -> list:
-    names = flatten_with_names(_bind_inputs(mod, args, kwargs))
+    names = flatten_with_names(bind_inputs(mod, args, kwargs))
     fake_leaves = fakify_inputs(flat, dims_spec, rec.shape_env)
     fakes = []
     for (name, _), leaf, fake in zip(names, flat, fake_leaves):

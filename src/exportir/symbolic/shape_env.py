@@ -24,8 +24,8 @@ from typing import Any
 import sympy
 import torch
 
+from exportir.symbolic.data_dependent import Explanation, explain
 from exportir.symbolic.functions import to_python
-from exportir.symbolic.printing import python_source
 from exportir.symbolic.sym_node import SymNode
 from exportir.symbolic.value_ranges import ValueRanges, bound
 
@@ -96,6 +96,34 @@ def user_frame() -> UserFrame | None:
             return UserFrame(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name, code)
         frame = frame.f_back
     return None
+
+
+def _what_symbols_are(symbols: list[sympy.Symbol], names: dict[str, str]) -> str:
+    named = [f"{s} is `{names[str(s)]}`" for s in symbols if str(s) in names]
+    unnamed = [str(s) for s in symbols if str(s) not in names]
+    parts = []
+    if named:
+        parts.append("here " + ", ".join(named) + ";")
+    if unnamed:
+        parts.append(f"{', '.join(unnamed)} has no name in the code here;")
+    return (
+        " ".join(parts) + " such values come from tensor data (.item(), .tolist(), nonzero, "
+        "x[mask], unique, ...) and are unknown while exporting, so Python cannot decide this "
+        "condition."
+    )
+
+
+def _fixes(why: Explanation) -> str:
+    lines = [f"    torch._check({why.condition})   # if it always holds"]
+    if why.negation is not None:
+        lines.append(f"    torch._check({why.negation})   # if it never holds")
+    at = f" Before this line\n  {why.fix_at}\nadd" if why.fix_at is not None else " Add"
+    return (
+        f"Fix: tell export what holds.{at} one of:\n" + "\n".join(lines) + "\n"
+        "or, if both outcomes are needed at run time, express the branch with "
+        "torch.cond(pred, true_fn, false_fn, operands); or export with exportir.draft_export("
+        "...) to keep the branch the example inputs take, checked by a runtime assert."
+    )
 
 
 def _is_bool(expr: sympy.Basic) -> bool:
@@ -447,27 +475,24 @@ class ShapeEnv:
     def data_dependent_error(
         self, expr: sympy.Basic, frame: UserFrame | None = None
     ) -> GuardOnDataDependentSymNode:
-        frame = frame or user_frame()
+        """The error for a Python decision on unbacked symbols, with a ``torch._check`` fix
+        written in the names the user's code has for them (data_dependent.py)."""
         hinted = expr.xreplace({s: sympy.Integer(h) for s, h in self.var_to_hint.items()})
         size_like = ", ".join(str(s) for s in sorted(self.size_like, key=str)) or "none"
-        where = f"  {frame}" if frame else "  <unknown location>"
-        unbacked = ", ".join(str(s) for s in self.unbacked_symbols(expr))
-        cond = python_source(expr)
-        negated = python_source(sympy.Not(expr)) if _is_bool(expr) else None
-        fixes = [f"    torch._check({cond})   # if it always holds"]
-        if negated is not None:
-            fixes.append(f"    torch._check({negated})   # if it never holds")
-        message = (
+        unbacked = set(self.unbacked_symbols(expr))
+        why = explain(expr, unbacked, _is_bool(expr))
+        if frame is None and why.where is not None:
+            w = why.where
+            frame = UserFrame(w.filename, w.lineno, w.name, w.code)
+        where = f"  {why.where}" if why.where else "  <unknown location>"
+        return GuardOnDataDependentSymNode(
             f"Could not guard on data-dependent expression {hinted} (unhinted: {expr}).  "
-            f"(Size-like symbols: {size_like})\n\n"
-            f"{where}\n\n"
-            f"{unbacked} come(s) from tensor data (.item(), .tolist(), nonzero, unique, ...), "
-            "whose value is unknown while exporting, so Python cannot decide this condition.\n"
-            "Fix: tell export what holds, before this line:\n" + "\n".join(fixes) + "\n"
-            "or, if both outcomes are needed at run time, express the branch with "
-            "torch.cond(pred, true_fn, false_fn, operands)."
+            f"(Size-like symbols: {size_like})\n\n{where}\n\n"
+            f"{_what_symbols_are(sorted(unbacked, key=str), why.names)}\n"
+            f"{_fixes(why)}",
+            expr,
+            frame,
         )
-        return GuardOnDataDependentSymNode(message, expr, frame)
 
     # -- layout predicates ------------------------------------------------------------------
 

@@ -550,13 +550,16 @@ def capture(
     shape_env: ShapeEnv | None = None,
     symbolic_sizes: dict[int, dict[int, Any]] | None = None,
     dims_spec: DimsSpec | None = None,
+    draft: bool = False,
 ) -> CaptureResult:
     """Run ``mod(*args, **kwargs)`` on fakes; return the functional, lifted graph and its specs.
 
     ``symbolic_sizes`` (``{id(example tensor): {dim: sympy expr}}``, built by
     export/dynamic_shapes.py with symbols of ``shape_env``) or ``dims_spec`` (the same per flat
-    input position) make input dimensions symbolic.
+    input position) make input dimensions symbolic. ``draft=True`` decides data-dependent
+    branches by the example inputs, checked by runtime asserts (draft_export).
     """
+    from exportir.export._constant_result import DataDependentHooks
     from exportir.export._finalize import finalize
     from exportir.export._module_state import ModuleState
     from exportir.export._runtime_asserts import insert_runtime_asserts, range_constraints
@@ -573,7 +576,8 @@ def capture(
     try:
         with ModuleState(mod) as state, ModuleCalls(mod) as calls, TorchFunctions() as functions:
             rec.modules, rec.functions = calls, functions
-            with ExportingFlags(), TraceSettings(), CaptureMode(rec), _control_flow().ControlFlowMode():
+            with ExportingFlags(), TraceSettings(), CaptureMode(rec), _control_flow().ControlFlowMode(), \
+                    DataDependentHooks(rec, mod, draft=draft):
                 out = mod(*fake_args, **fake_kwargs)
                 reassigned = {
                     fqn: rec.node_for(t) for fqn, t in state.reassigned_buffers().items()

@@ -70,6 +70,18 @@ class RuntimeAssert:
     frame: UserFrame | None
 
 
+@dataclass(frozen=True, slots=True)
+class Assumption:
+    """A data-dependent condition decided by the example inputs (draft_export) and checked by
+    a runtime assert: what, the value taken, where, and the torch._check that states it."""
+
+    expr: sympy.Basic
+    value: Any
+    frame: UserFrame | None
+    check: str  # the torch._check(...) stating the decision in the user's names
+    fix_at: str | None  # the line to put it before
+
+
 class GuardOnDataDependentSymNode(RuntimeError):
     """A Python decision needs the value of a data-dependent (unbacked) symbol."""
 
@@ -159,6 +171,10 @@ class ShapeEnv:
         self._static_memo: dict[tuple[sympy.Basic, bool], tuple[Any, int]] = {}
         self.build_memo: dict[tuple, sympy.Basic] = {}  # SymNode arithmetic: (op, a, b) -> expr
         self.op_memo: dict[tuple, Any] = {}  # clients' memo of op results on these symbols
+        # draft_export: the value of an expression on the example inputs (None: unknown)
+        self.example_value: Callable[[sympy.Basic], Any] | None = None
+        self.assumptions: list[Assumption] = []  # data-dependent decisions taken that way
+        self.constant_symbols: set[sympy.Symbol] = set()  # specialized unbacked symbols
 
     # -- caches -----------------------------------------------------------------------------
     # Every change to what is known goes through these setters, so memoized answers are
@@ -363,7 +379,7 @@ class ShapeEnv:
         if hint is None:
             if fallback_value is not None:
                 return fallback_value
-            raise self.data_dependent_error(expr, frame)
+            return self._decide_by_example(expr, frame)
         frame = frame or user_frame()
         if _is_bool(expr):
             fact = expr if hint else sympy.Not(expr)
@@ -373,6 +389,33 @@ class ShapeEnv:
         self._learn(fact)
         self.guards.append(Guard(fact, frame))
         return hint
+
+    def _decide_by_example(self, expr: sympy.Basic, frame: UserFrame | None) -> Any:
+        """Draft mode (``example_value`` set): decide a data-dependent ``expr`` by its value on
+        the example inputs and check that at run time; otherwise the data-dependent error."""
+        value = None if self.example_value is None else self.example_value(expr)
+        if value is None:
+            raise self.data_dependent_error(expr, frame)
+        is_bool = _is_bool(expr)
+        fact = (expr if value else sympy.Not(expr)) if is_bool else sympy.Eq(expr, value)
+        why = explain(fact, set(self.unbacked_symbols(expr)), True)
+        where = why.where
+        frame = frame or (UserFrame(where.filename, where.lineno, where.name, where.code)
+                          if where is not None else None)
+        fix_at = str(why.fix_at) if why.fix_at is not None else None
+        self.assumptions.append(
+            Assumption(expr, bool(value) if is_bool else value, frame,
+                       f"torch._check({why.condition})", fix_at)
+        )
+        self.defer_runtime_assert(fact, frame)
+        return bool(value) if is_bool else value
+
+    def specialize(self, sym: sympy.Symbol, value: Any) -> None:
+        """Make unbacked ``sym`` the constant ``value`` (``assume_constant_result``): it is
+        replaced everywhere and gets no runtime assert."""
+        self.constant_symbols.add(sym)
+        self._set_range(sym, ValueRanges.point(value))
+        self._set_replacement(sym, sympy.sympify(value))
 
     def expect_true(self, node: SymNode) -> bool:
         """``torch._check(cond)``: a runtime assert when ``cond`` is data-dependent."""

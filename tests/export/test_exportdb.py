@@ -118,7 +118,7 @@ def test_dynamic_shape_round_keeps_the_dim_dynamic():
     assert str(x.meta["val"].shape[0]) == "s0"
     assert "round(" in ep.graph_module.code  # Python's round (half to even), not a floor
     module = ep.module()
-    for n in range(0, 12):  # round(2.5) == 2, round(3.5) == 4
+    for n in range(12):  # round(2.5) == 2, round(3.5) == 4
         x = torch.randn(n, 2)
         torch.testing.assert_close(module(x), case.model(x))
 

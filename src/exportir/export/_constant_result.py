@@ -3,7 +3,8 @@
 A function decorated with ``torch.compiler.assume_constant_result`` (torch marks it with
 ``_dynamo_marked_constant``) returns a constant of the program: its value on the example
 inputs, as torch.export's strict mode burns it in. While capture runs, a profile hook watches
-the returns of the marked functions; a returned data-dependent scalar (``y.int().item()``) is
+the calls and returns of the marked functions: inside one, a data-dependent decision (``int(t.
+sum().item())``) specializes its symbols to their example values; a returned data-dependent scalar (``y.int().item()``) is
 specialized to its example value (its symbol replaced everywhere, no runtime assert) and a
 returned tensor becomes a lifted constant of that value. The ops that computed them are then
 dead and removed.
@@ -78,8 +79,9 @@ class DataDependentHooks:
         self.values = RealValues(rec)
 
     def __enter__(self) -> Self:
-        if self._draft:
-            self._rec.shape_env.example_value = self.values.value_of
+        env = self._rec.shape_env
+        env.example_value = self.values.value_of
+        env.draft = self._draft
         if self._codes:
             # sys.setprofile is process state: the previous profiler is chained and restored
             self._previous = sys.getprofile()
@@ -91,12 +93,19 @@ class DataDependentHooks:
             if self._codes:
                 sys.setprofile(self._previous)
         finally:
-            self._rec.shape_env.example_value = None
+            env = self._rec.shape_env
+            env.example_value, env.draft, env.constant_depth = None, False, 0
 
     def _profile(self, frame: FrameType, event: str, arg: Any) -> None:
         if self._previous is not None:
             self._previous(frame, event, arg)
-        if event == "return" and frame.f_code in self._codes:
+        if frame.f_code not in self._codes:
+            return
+        # inside the function, data-dependent decisions take the example's values too
+        if event == "call":
+            self._rec.shape_env.constant_depth += 1
+        elif event == "return":
+            self._rec.shape_env.constant_depth -= 1
             self.make_constant(arg, frame)
 
     # -- burning in -------------------------------------------------------------------------

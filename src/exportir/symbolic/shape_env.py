@@ -171,8 +171,11 @@ class ShapeEnv:
         self._static_memo: dict[tuple[sympy.Basic, bool], tuple[Any, int]] = {}
         self.build_memo: dict[tuple, sympy.Basic] = {}  # SymNode arithmetic: (op, a, b) -> expr
         self.op_memo: dict[tuple, Any] = {}  # clients' memo of op results on these symbols
-        # draft_export: the value of an expression on the example inputs (None: unknown)
+        # the value of an expression on the example inputs (None: unknown), used by
+        # draft_export (``draft``) and inside assume_constant_result functions
         self.example_value: Callable[[sympy.Basic], Any] | None = None
+        self.draft = False
+        self.constant_depth = 0
         self.assumptions: list[Assumption] = []  # data-dependent decisions taken that way
         self.constant_symbols: set[sympy.Symbol] = set()  # specialized unbacked symbols
 
@@ -379,7 +382,11 @@ class ShapeEnv:
         if hint is None:
             if fallback_value is not None:
                 return fallback_value
-            return self._decide_by_example(expr, frame)
+            if self.constant_depth:
+                return self._specialize_by_example(expr, frame)
+            if self.draft:
+                return self._decide_by_example(expr, frame)
+            raise self.data_dependent_error(expr, frame)
         frame = frame or user_frame()
         if _is_bool(expr):
             fact = expr if hint else sympy.Not(expr)
@@ -393,7 +400,7 @@ class ShapeEnv:
     def _decide_by_example(self, expr: sympy.Basic, frame: UserFrame | None) -> Any:
         """Draft mode (``example_value`` set): decide a data-dependent ``expr`` by its value on
         the example inputs and check that at run time; otherwise the data-dependent error."""
-        value = None if self.example_value is None else self.example_value(expr)
+        value = self._example(expr)
         if value is None:
             raise self.data_dependent_error(expr, frame)
         is_bool = _is_bool(expr)
@@ -409,6 +416,22 @@ class ShapeEnv:
         )
         self.defer_runtime_assert(fact, frame)
         return bool(value) if is_bool else value
+
+    def _example(self, expr: sympy.Basic) -> Any:
+        return None if self.example_value is None else self.example_value(expr)
+
+    def _specialize_by_example(self, expr: sympy.Basic, frame: UserFrame | None) -> Any:
+        """Inside an ``assume_constant_result`` function everything is a constant: the
+        unbacked symbols of ``expr`` become their example values."""
+        for sym in sorted(self.unbacked_symbols(expr), key=str):
+            value = self._example(sym)
+            if value is None:
+                raise self.data_dependent_error(expr, frame)
+            self.specialize(sym, value)
+        value = self.evaluate_static(expr)
+        if value is None:
+            raise self.data_dependent_error(expr, frame)
+        return value
 
     def specialize(self, sym: sympy.Symbol, value: Any) -> None:
         """Make unbacked ``sym`` the constant ``value`` (``assume_constant_result``): it is

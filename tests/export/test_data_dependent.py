@@ -246,3 +246,41 @@ def test_assume_constant_result_scalar_and_tensor_become_constants():
     assert not {"aten._local_scalar_dense.default", "aten.index.Tensor"} & targets
     x = torch.randn(5)
     torch.testing.assert_close(ep.module()(x, torch.zeros(4)), x[:3] + 60.0)  # ref ignored
+
+
+@torch.library.custom_op("exportir_test::fake_only", mutates_args=())
+def _fake_only(t: torch.Tensor) -> torch.Tensor:
+    raise NotImplementedError("no real kernel on this machine")
+
+
+@_fake_only.register_fake
+def _(t):
+    return torch.empty_like(t)
+
+
+@torch.compiler.assume_constant_result
+def _threshold(t):
+    return int(torch.ops.exportir_test.fake_only(t).sum().item())
+
+
+class NeedsRealKernel(torch.nn.Module):
+    def forward(self, x, t):
+        return x[: _threshold(t)]
+
+
+class ThresholdPassedIn(torch.nn.Module):
+    def forward(self, x, k: int):
+        return x[:k]
+
+
+def test_constant_result_without_a_real_kernel_names_the_function_and_the_fix():
+    x, t = torch.randn(6), torch.ones(3)
+    with pytest.raises(RuntimeError) as info:
+        export(NeedsRealKernel(), (x, t))
+    text = str(info.value)
+    assert "assume_constant_result: the value of zuf0 on the example inputs could not be " in text
+    assert f'File "{__file__}", line {_threshold.__code__.co_firstlineno}, in _threshold' in text
+    assert "Compute the value outside the model and pass it in" in text
+    # the fix: the value computed outside, passed in (a Python int input is a constant)
+    ep = export(ThresholdPassedIn(), (x, 3))
+    torch.testing.assert_close(ep.module()(x, 3), x[:3])

@@ -69,18 +69,19 @@ class DataDependentHooks:
     """Context object of one capture: example-input values for ``assume_constant_result`` and,
     with ``draft=True``, for data-dependent decisions (see the module docstring)."""
 
-    __slots__ = ("_codes", "_draft", "_previous", "_rec", "values")
+    __slots__ = ("_codes", "_draft", "_frames", "_previous", "_rec", "values")
 
     def __init__(self, rec: Recorder, mod: torch.nn.Module, *, draft: bool = False) -> None:
         self._rec = rec
         self._draft = draft
         self._codes = marked_functions(mod)
         self._previous: Any = None
+        self._frames: list[FrameType] = []  # the marked functions running now
         self.values = RealValues(rec)
 
     def __enter__(self) -> Self:
         env = self._rec.shape_env
-        env.example_value = self.values.value_of
+        env.example_value = self._example_value
         env.draft = self._draft
         if self._codes:
             # sys.setprofile is process state: the previous profiler is chained and restored
@@ -103,10 +104,18 @@ class DataDependentHooks:
             return
         # inside the function, data-dependent decisions take the example's values too
         if event == "call":
+            self._frames.append(frame)
             self._rec.shape_env.constant_depth += 1
         elif event == "return":
+            self._frames.pop()
             self._rec.shape_env.constant_depth -= 1
             self.make_constant(arg, frame)
+
+    def _example_value(self, expr: Any) -> Any:
+        value = self.values.value_of(expr)
+        if value is None and self._frames:  # inside a marked function: say which
+            raise self._unknown(str(expr), self._frames[-1])
+        return value
 
     # -- burning in -------------------------------------------------------------------------
 

@@ -423,7 +423,7 @@ class ShapeEnv:
     def _specialize_by_example(self, expr: sympy.Basic, frame: UserFrame | None) -> Any:
         """Inside an ``assume_constant_result`` function everything is a constant: the
         unbacked symbols of ``expr`` become their example values."""
-        for sym in sorted(self.unbacked_symbols(expr), key=str):
+        for sym in sorted(expr.free_symbols - self.var_to_hint.keys(), key=str):  # u0, zuf0
             value = self._example(sym)
             if value is None:
                 raise self.data_dependent_error(expr, frame)

@@ -22,6 +22,13 @@ def _ints(*values):
     return torch.tensor(values)
 
 
+def _index_items(self, x, i, j):
+    """x[...] with SymInt indices: torch.export runs them as select / slice / unsqueeze."""
+    a, b = i.item(), j.item()
+    torch._check(b >= 0)
+    return x[a], x[:, b], x[..., a:b], x[None, b, 1:]
+
+
 # name -> (forward, example inputs, other inputs of the same shapes)
 CASES = {
     "bool_mask": (lambda self, x: x[x > 0] * 2, (_t(6),), (_t(6),)),
@@ -50,6 +57,8 @@ CASES = {
     "tolist_as_sizes": (lambda self, x, n: torch.zeros(n.tolist()), (_t(2), _ints(2, 3)),
                         (_t(2), _ints(4, 1))),
     "mask_slice_head": (lambda self, x: x[x > 0][:3], (_t(8),), (_t(8),)),
+    "select_item": (lambda self, x, i: x[i.item()], (_t(5, 3), _ints(2)), (_t(5, 3), _ints(-1))),
+    "index_items": (_index_items, (_t(5, 6), _ints(-2), _ints(3)), (_t(5, 6), _ints(1), _ints(4))),
     "mask_fill": (lambda self, x: x.masked_fill(x > 0, 0), (_t(6),), (_t(6),)),
     "mask_put": (lambda self, x: x.index_put((x > 0,), torch.tensor(0.0)), (_t(6),), (_t(6),)),
 }
@@ -86,10 +95,10 @@ def test_ranges_at_least_as_tight_as_torch(name):
     m = _module(forward)
     ours = _ranges(export(m, example))
     theirs = _ranges(torch.export.export(m, example, strict=False))
-    assert len(ours) == len(theirs)
-    for (lo, hi), (tlo, thi) in zip(
-        (ours[k] for k in sorted(ours)), (theirs[k] for k in sorted(theirs))
-    ):
+    # (torch also lists the storage offsets of views at data-dependent places; we do not)
+    assert set(ours) <= set(theirs) and bool(ours) == bool(theirs)
+    for sym, (lo, hi) in ours.items():
+        tlo, thi = theirs[sym]
         assert lo >= tlo and hi <= thi, (ours, theirs)
 
 

@@ -232,6 +232,30 @@ def _slice_length(env: ShapeEnv, size: Any, lo: Any, hi: Any, step: int) -> Any:
     return n
 
 
+def _select(env: ShapeEnv, t: torch.Tensor, dim: int, index: Any) -> Any:
+    """``x.select(dim, i)`` with a data-dependent ``i``: out-of-range indices are errors when
+    ranges prove them; the view's offset is ``i`` (or ``i + size``) times the stride when the
+    sign of ``i`` is known, else a new unbacked offset (as torch's fake select)."""
+    if not _has_unbacked(env, index) or t.dim() == 0:
+        return NotImplemented
+    dim = dim % t.dim()
+    size, stride = t.shape[dim], t.stride(dim)
+    if _known(env, index >= size) or _known(env, index < -size):
+        raise IndexError(
+            f"select(): index {index} out of range for tensor of size {list(t.shape)} at "
+            f"dimension {dim}"
+        )
+    if _known(env, index >= 0):
+        offset = t.storage_offset() + index * stride
+    elif _known(env, index < 0):
+        offset = t.storage_offset() + (index + size) * stride
+    else:
+        offset = env.create_unbacked_symint()
+    sizes = [s for d, s in enumerate(t.shape) if d != dim]
+    strides = [s for d, s in enumerate(t.stride()) if d != dim]
+    return t.as_strided(sizes, strides, offset)
+
+
 def _symbolic(x: Any) -> bool:
     return isinstance(x, torch.SymInt)
 
@@ -247,6 +271,7 @@ UNBACKED_RULES: dict[Any, Callable[..., Any]] = {
     aten.bincount.default: _bincount,
     aten.index.Tensor: _index,
     aten.slice.Tensor: _slice,
+    aten.select.int: _select,
 }
 
 

@@ -561,6 +561,7 @@ def capture(
     """
     from exportir.export._constant_result import DataDependentHooks
     from exportir.export._finalize import finalize
+    from exportir.export._indexing import SymIndexing
     from exportir.export._module_state import ModuleState
     from exportir.export._runtime_asserts import insert_runtime_asserts, range_constraints
 
@@ -577,7 +578,7 @@ def capture(
         with ModuleState(mod) as state, ModuleCalls(mod) as calls, TorchFunctions() as functions:
             rec.modules, rec.functions = calls, functions
             with ExportingFlags(), TraceSettings(), CaptureMode(rec), _control_flow().ControlFlowMode(), \
-                    DataDependentHooks(rec, mod, draft=draft):
+                    SymIndexing(), DataDependentHooks(rec, mod, draft=draft):
                 out = mod(*fake_args, **fake_kwargs)
                 reassigned = {
                     fqn: rec.node_for(t) for fqn, t in state.reassigned_buffers().items()

@@ -4,6 +4,7 @@ the example's branch under a runtime assert; assume_constant_result burns values
 
 import importlib.util
 import re
+import sys
 import textwrap
 
 import pytest
@@ -284,3 +285,13 @@ def test_constant_result_without_a_real_kernel_names_the_function_and_the_fix():
     # the fix: the value computed outside, passed in (a Python int input is a constant)
     ep = export(ThresholdPassedIn(), (x, 3))
     torch.testing.assert_close(ep.module()(x, 3), x[:3])
+
+
+def test_marked_functions_are_restored_after_export_and_after_a_failure():
+    module = sys.modules[__name__]
+    originals = (module._count_positive, module._threshold)
+    export(ConstantResults(), (torch.randn(5), torch.tensor([1.0, -1.0, 2.0, 3.0])))
+    with pytest.raises(RuntimeError):
+        export(NeedsRealKernel(), (torch.randn(6), torch.ones(3)))
+    assert (module._count_positive, module._threshold) == originals
+    assert _count_positive(torch.tensor([1.0, 2.0])) == 2  # the plain function again

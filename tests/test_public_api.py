@@ -12,6 +12,7 @@ import exportir
 EXPECTED_ALL = {
     "__version__",
     "export",
+    "draft_export",
     "save",
     "load",
     "register_dataclass",

@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _LAZY: dict[str, str] = {
     "export": "exportir.export",
+    "draft_export": "exportir.export",
     "save": "exportir.export",
     "load": "exportir.export",
     "register_dataclass": "exportir.pytree",

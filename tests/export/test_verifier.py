@@ -191,6 +191,46 @@ def test_output_must_be_a_flat_tuple():
 # ---------------------------------------------------------------------------- node rules
 
 
+def test_multi_output_node_as_an_argument_is_rejected():
+    """A tuple-returning operator feeds other operators only through operator.getitem (the
+    graph export made for F.rrelu(x, training=True) before the fix passed it to add)."""
+    parts = base()
+    g, n = parts.graph, parts.nodes
+    with g.inserting_before(n["mul"]):
+        split = _call(g, torch.ops.aten.split.Tensor, (n["add"], 1), [_val(1)] * 3, "split")
+    n["mul"].update_arg(0, split)
+    err = _fails(parts, "operator 'aten.mul.Tensor' \\(node mul\\) takes argument 'self' from node "
+                 "split, which produces 3 values", node="mul")
+    assert "operator.getitem (e.g. split[0])" in str(err)
+
+
+def test_multi_output_node_in_a_list_argument_is_rejected():
+    parts = base()
+    g, n = parts.graph, parts.nodes
+    with g.inserting_before(n["output"]):
+        split = _call(g, torch.ops.aten.split.Tensor, (n["mul"], 1), [_val(1)] * 3, "split")
+        _call(g, torch.ops.aten.cat.default, ([split, n["mul"]],), _val(4), "cat")
+    _fails(parts, "takes argument 'tensors' from node split", node="cat")
+
+
+def test_rrelu_training_exports_a_valid_graph():
+    from exportir.export import export
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.rrelu(x, training=True) + 1
+
+    ep = export(M(), (torch.randn(4, 3),))
+    ep.validate()
+    (rrelu,) = [x for x in ep.graph.nodes if "rrelu" in str(x.target)]
+    assert rrelu.target is torch.ops.aten.rrelu_with_noise_functional.default
+    (user,) = rrelu.users
+    assert user.target is operator.getitem and user.args == (rrelu, 0)
+    x = -torch.rand(4, 3) - 0.5
+    slope = (ep.module()(x) - 1) / x  # a random slope in [1/8, 1/3] per element
+    assert bool(((slope >= 1 / 8 - 1e-6) & (slope <= 1 / 3 + 1e-6)).all())
+
+
 def test_missing_val():
     parts = base()
     del parts.nodes["mul"].meta["val"]

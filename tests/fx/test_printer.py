@@ -137,6 +137,17 @@ def test_format_tabular_matches_tabulate(table):
     assert printer.format_tabular(rows, headers) == _tabulate(rows, headers=headers)
 
 
+@pytest.mark.parametrize("rows", [
+    [["_", "0", "0"], ["0", "0", "4999995.000"]],  # 5e+06 aligns at its "e", like a point
+    [["1.5"], ["-1e-05"], ["2"], ["123456789.000"]],
+], ids=["exponent_vs_int", "mixed_exponents"])
+def test_format_tabular_aligns_exponents_like_tabulate(rows):
+    if _tabulate is None:
+        pytest.fail("tabulate is needed as the oracle of the table layout")
+    headers = ["d"] * len(rows[0])
+    assert printer.format_tabular(rows, headers) == _tabulate(rows, headers=headers)
+
+
 # --------------------------------------------------------------------------- helpers
 
 

@@ -1,7 +1,7 @@
 """exportir.export: capture a PyTorch program into Export IR (the ATen dialect).
 
 Mirrors ``torch.export``: ``export``, ``save`` / ``load``, ``register_dataclass``,
-``ExportedProgram``, ``ExportGraphSignature`` and its spec classes, ``ModuleCallEntry`` /
+``draft_export``, ``ExportedProgram``, ``ExportGraphSignature`` and its spec classes, ``ModuleCallEntry`` /
 ``ModuleCallSignature``, ``default_decompositions`` and the Export IR verifier.
 """
 
@@ -10,7 +10,7 @@ import sys
 import types
 from typing import Any
 
-from exportir.export._export import export
+from exportir.export._export import DraftExportReport, draft_export, export
 from exportir.export.dynamic_shapes import Dim, ShapesCollection, dims
 from exportir.export.exported_program import (
     ExportedProgram,
@@ -41,6 +41,7 @@ __all__ = [
     "ConstantArgument",
     "CustomObjArgument",
     "Dim",
+    "DraftExportReport",
     "ExportBackwardSignature",
     "ExportGraphSignature",
     "ExportedProgram",
@@ -60,6 +61,7 @@ __all__ = [
     "Verifier",
     "default_decompositions",
     "dims",
+    "draft_export",
     "export",
     "load",
     "register_dataclass",

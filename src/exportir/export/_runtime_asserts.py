@@ -112,20 +112,32 @@ def _range_facts(sym: sympy.Symbol, vr: ValueRanges) -> list[sympy.Basic]:
     return facts
 
 
+def _raw_expr(x: Any) -> sympy.Basic:
+    """The symbol a value was made with, before later replacements (a draft_export decision
+    ``u0 == 3`` replaces ``u0`` by 3; the node producing it still binds ``u0`` for the assert)."""
+    return getattr(x.node, "_expr", x.node.expr)
+
+
 def _new_unbacked(node: Node, env: ShapeEnv, known: dict) -> list[tuple[sympy.Symbol, Any]]:
     val = node.meta.get("val")
     found: list[tuple[sympy.Symbol, Any]] = []
+
+    def fresh(expr: sympy.Basic) -> bool:
+        return (
+            isinstance(expr, sympy.Symbol)
+            and env.is_unbacked_symint(expr)
+            and expr not in known
+            and expr not in env.constant_symbols
+        )
+
     if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        expr = val.node.expr
-        if isinstance(expr, sympy.Symbol) and env.is_unbacked_symint(expr) and expr not in known:
+        expr = _raw_expr(val)
+        if fresh(expr):
             found.append((expr, node))
     elif isinstance(val, torch.Tensor):
         for dim, size in enumerate(val.shape):
-            if not isinstance(size, torch.SymInt):
-                continue
-            expr = size.node.expr
-            if isinstance(expr, sympy.Symbol) and env.is_unbacked_symint(expr) and expr not in known:
-                found.append((expr, (node, dim)))
+            if isinstance(size, torch.SymInt) and fresh(_raw_expr(size)):
+                found.append((_raw_expr(size), (node, dim)))
     return found
 
 
@@ -184,5 +196,6 @@ def range_constraints(gm: GraphModule, env: ShapeEnv) -> dict[sympy.Basic, Value
             if node.op == "placeholder" and not expr.is_number:
                 out.setdefault(expr, env.bound(expr))
             for sym in env.unbacked_symbols(expr):
-                out.setdefault(sym, env.var_to_range.get(sym, ValueRanges.unknown()))
+                if sym not in env.constant_symbols:
+                    out.setdefault(sym, env.var_to_range.get(sym, ValueRanges.unknown()))
     return out

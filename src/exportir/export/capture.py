@@ -31,6 +31,7 @@ from exportir.export._composite import (
     kept_cia_ops,
     with_grad_of,
 )
+from exportir.export._inputs import bind_inputs, flatten_with_names, forward_arg_names
 from exportir.export._node_meta import (
     ModuleCalls,
     TorchFunctions,
@@ -617,25 +618,6 @@ def graph_module(rec: Recorder) -> GraphModule:
     return GraphModule(torch.nn.Module(), rec.graph)
 
 
-def flatten_with_names(bound: dict[str, Any]) -> list[tuple[str, Any]]:
-    """User input leaves named like torch.export: ``x``, ``y_0``, ``d_a_b``."""
-    named = []
-    for path, leaf in pytree.tree_leaves_with_path(bound):
-        named.append(("_".join(_key_text(k) for k in path).lower(), leaf))
-    return named
-
-
-def _key_text(key: Any) -> str:
-    """Duck-typed: keys may come from exportir.pytree or from torch's registry."""
-    if hasattr(key, "idx"):
-        return str(key.idx)
-    if hasattr(key, "key"):
-        return "".join(c if c.isalnum() else "_" for c in str(key.key))
-    if hasattr(key, "name"):
-        return key.name
-    return str(key)
-
-
 # --- capturing a module --------------------------------------------------------------------
 
 
@@ -667,14 +649,18 @@ def capture(
     shape_env: ShapeEnv | None = None,
     symbolic_sizes: dict[int, dict[int, Any]] | None = None,
     dims_spec: DimsSpec | None = None,
+    draft: bool = False,
 ) -> CaptureResult:
     """Run ``mod(*args, **kwargs)`` on fakes; return the functional, lifted graph and its specs.
 
     ``symbolic_sizes`` (``{id(example tensor): {dim: sympy expr}}``, built by
     export/dynamic_shapes.py with symbols of ``shape_env``) or ``dims_spec`` (the same per flat
-    input position) make input dimensions symbolic.
+    input position) make input dimensions symbolic. ``draft=True`` decides data-dependent
+    branches by the example inputs, checked by runtime asserts (draft_export).
     """
+    from exportir.export._constant_result import DataDependentHooks
     from exportir.export._finalize import finalize
+    from exportir.export._indexing import SymIndexing
     from exportir.export._module_state import ModuleState
     from exportir.export._runtime_asserts import insert_runtime_asserts, range_constraints
 
@@ -690,7 +676,9 @@ def capture(
     try:
         with ModuleState(mod) as state, ModuleCalls(mod) as calls, TorchFunctions() as functions:
             rec.modules, rec.functions = calls, functions
-            with ExportingFlags(), TraceSettings(rec.whole), CaptureMode(rec), _control_flow().ControlFlowMode():
+            with ExportingFlags(), TraceSettings(rec.whole), CaptureMode(rec), \
+                    _control_flow().ControlFlowMode(), SymIndexing(), \
+                    DataDependentHooks(rec, mod, draft=draft):
                 out = mod(*fake_args, **fake_kwargs)
                 reassigned = {
                     fqn: rec.node_for(t) for fqn, t in state.reassigned_buffers().items()
@@ -710,7 +698,9 @@ def capture(
         constants=_constants(rec),
         in_spec=in_spec,
         out_spec=out_spec,
-        module_call_graph=_module_call_graph(mod, in_spec, out_spec, _arg_names(mod, args)),
+        module_call_graph=_module_call_graph(
+            mod, in_spec, out_spec, forward_arg_names(mod, args, kwargs)
+        ),
         shape_env=env,
         range_constraints=range_constraints(gm, env),
     )
@@ -737,34 +727,6 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def _forward_of(mod: torch.nn.Module) -> Callable[..., Any]:
-    """What names the inputs: ``forward``, or the function a function-export wraps."""
-    return getattr(mod, "exported_function", None) or mod.forward
-
-
-def _bind_inputs(mod: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
-    import inspect
-
-    try:
-        sig = inspect.signature(_forward_of(mod))
-        bound = sig.bind_partial(*args).arguments
-    except (TypeError, ValueError) as err:
-        raise ExportError(
-            f"the example inputs do not match {type(mod).__name__}.forward's signature: {err}.\n"
-            "Pass args as a tuple of positional arguments and kwargs as a dict."
-        ) from err
-    return {**bound, **kwargs}
-
-
-def _arg_names(mod: torch.nn.Module, args: tuple) -> list[str]:
-    import inspect
-
-    try:
-        return list(inspect.signature(_forward_of(mod)).bind_partial(*args).arguments)
-    except (TypeError, ValueError):
-        return []
-
-
 def fakify_inputs(flat_inputs: list, dims_spec: DimsSpec | None, shape_env: ShapeEnv) -> list:
     """Fakes of the flat user inputs; dimensions named in ``dims_spec`` get symbolic sizes."""
     specs = dims_spec if dims_spec is not None else [None] * len(flat_inputs)
@@ -786,7 +748,7 @@ def _user_inputs(
     rec: Recorder, mod: torch.nn.Module, args: tuple, kwargs: dict, flat: list,
     dims_spec: Any = None,
 ) -> list:
-    names = flatten_with_names(_bind_inputs(mod, args, kwargs))
+    names = flatten_with_names(bind_inputs(mod, args, kwargs))
     fake_leaves = fakify_inputs(flat, dims_spec, rec.shape_env)
     fakes = []
     for (name, _), leaf, fake in zip(names, flat, fake_leaves):

@@ -232,14 +232,24 @@ DATA_DEPENDENT_OPS: dict[Any, str] = {
     aten.unique_dim.default: "torch.unique",
     aten.unique_consecutive.default: "torch.unique_consecutive",
     aten.repeat_interleave.Tensor: "torch.repeat_interleave with a tensor of repeats",
+    aten.bincount.default: "torch.bincount",
     aten.allclose.default: "torch.allclose",
 }
+
+
+def _data_dependent_use(func: Any, args: tuple) -> str | None:
+    """A data-dependent use of an op that is not always data-dependent (``x[mask]``)."""
+    if func is aten.index.Tensor and len(args) > 1:
+        masks = (torch.bool, torch.uint8, torch.int8)
+        if any(isinstance(i, torch.Tensor) and i.dtype in masks for i in args[1]):
+            return "boolean-mask indexing x[mask]"
+    return None
 
 
 def run_fake(func: Any, args: tuple, kwargs: dict, converter: FakeConverter) -> Any:
     """Run ``func`` on the meta twins of its fake arguments and wrap the results."""
     env = converter.shape_env
-    what = DATA_DEPENDENT_OPS.get(func)
+    what = DATA_DEPENDENT_OPS.get(func) or _data_dependent_use(func, args)
     if what is not None and (env is None or func not in UNBACKED_RULES):
         raise data_dependent(what)
     unwrapped = _unwrap(args, kwargs, converter)
@@ -326,7 +336,9 @@ def _call_meta_symbolic_kernel(func: Any, u: _Unwrapped, env: ShapeEnv) -> Any:
     rule = UNBACKED_RULES.get(func)
     if rule is not None:
         with _no_modes():
-            return rule(env, *u.args, **u.kwargs)
+            out = rule(env, *u.args, **u.kwargs)
+        if out is not NotImplemented:  # (a rule may decline: x[long_index] is not data-dependent)
+            return out
     kernel = custom_fake_impl(func)
     if kernel is not None:
         try:

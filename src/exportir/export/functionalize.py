@@ -496,9 +496,12 @@ class Functionalizer:
         new = self.emit(
             rewrite.target, self.map_arg(rewrite.args), self.map_arg_dict(rewrite.kwargs)
         )
-        self.value[n] = new
         self.version[n] = 0
         items = self._items(n, new)
+        # ``rrelu_with_noise`` returns one tensor; its functional variant returns it first,
+        # then the new values of the written arguments: the result is item 0
+        single = items and not isinstance(n.meta.get("val"), (tuple, list))
+        self.value[n] = items[0] if single else new
         for written, index in rewrite.writes:
             self.write(written, new if index is None else items[index])
         if rewrite.result_alias is not None:

@@ -124,6 +124,25 @@ def _check_val(node: Node) -> None:
         )
 
 
+def _check_arguments(node: Node, op: OpOverload) -> None:
+    """An operator's argument is one value: a node producing several (a tuple-returning op
+    such as ``rrelu_with_noise_functional`` or ``split``) may only feed ``operator.getitem``."""
+    schema = op._schema.arguments
+    named = [(schema[i].name if i < len(schema) else f"#{i}", a) for i, a in enumerate(node.args)]
+    for name, value in named + list(node.kwargs.items()):
+        items = value if isinstance(value, (list, tuple)) else (value,)
+        for item in items:
+            val = item.meta.get("val") if isinstance(item, Node) else None
+            if isinstance(val, (list, tuple)):
+                _fail(
+                    node,
+                    f"operator '{op}' (node {node.name}) takes argument '{name}' from node "
+                    f"{item.name}, which produces {len(val)} values (a multi-output "
+                    f"operator), not one. Read the value it needs with operator.getitem "
+                    f"(e.g. {item.name}[0]) and pass that node instead.",
+                )
+
+
 def _check_required_meta(node: Node, keys: Iterable[str]) -> None:
     missing = [k for k in keys if k not in node.meta]
     if missing:
@@ -321,6 +340,8 @@ class Verifier:
                 "use the out-of-place variant and return the new value as a mutation "
                 "output.",
             )
+        if isinstance(op, OpOverload):
+            _check_arguments(node, op)
         try:
             self.check_valid_op(op)
         except SpecViolationError as e:

@@ -301,10 +301,17 @@ _NUMBER_FORMAT: dict[str, Callable[[str], str]] = {
 
 
 def _decimal_pad(lines: list[str]) -> list[str]:
-    """Pad numbers on the right so their decimal points line up once right-aligned."""
+    """Pad numbers on the right so their decimal points line up once right-aligned.
+
+    As tabulate counts it, a number without a point is measured from its exponent's ``e``
+    (``5e+06`` has 3 characters "after the point"), and an integer from its end.
+    """
 
     def after_point(s: str) -> int:
-        return len(s) - s.index(".") - 1 if "." in s else -1
+        pos = s.rfind(".")
+        if pos < 0:
+            pos = s.lower().rfind("e")
+        return len(s) - pos - 1 if pos >= 0 else -1
 
     most = max(after_point(s) for s in lines if s)
     return [s + " " * (most - after_point(s)) if s else s for s in lines]

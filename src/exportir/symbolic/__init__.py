@@ -3,9 +3,10 @@
 A leaf package: it imports torch and sympy, nothing of exportir.
 """
 
-from exportir.symbolic.functions import FloorDiv, IntTrueDiv, PyMod, ToFloat, TruncToInt
+from exportir.symbolic.functions import FloorDiv, IntTrueDiv, PyMod, RoundToInt, ToFloat, TruncToInt
 from exportir.symbolic.printing import python_source
 from exportir.symbolic.shape_env import (
+    Assumption,
     DimDynamic,
     Guard,
     GuardOnDataDependentSymNode,
@@ -18,12 +19,14 @@ from exportir.symbolic.sym_node import SymNode
 from exportir.symbolic.value_ranges import ValueRanges, bound
 
 __all__ = [
+    "Assumption",
     "DimDynamic",
     "FloorDiv",
     "Guard",
     "GuardOnDataDependentSymNode",
     "IntTrueDiv",
     "PyMod",
+    "RoundToInt",
     "RuntimeAssert",
     "ShapeEnv",
     "SymNode",

@@ -136,6 +136,30 @@ class TruncToInt(sympy.Function):
         return None
 
 
+class RoundToInt(sympy.Function):
+    """``round(x)`` of a float expression: Python's rounding, half to even (``round(2.5) == 2``)."""
+
+    nargs = (1,)
+    is_integer = True
+
+    @classmethod
+    def eval(cls, a: sympy.Basic) -> sympy.Basic | None:
+        if isinstance(a, sympy.Integer):
+            return a
+        if isinstance(a, (sympy.Float, sympy.Rational)):
+            return sympy.Integer(round(float(a)) if isinstance(a, sympy.Float) else _round_rational(a))
+        if isinstance(a, ToFloat):
+            return a.args[0]
+        return None
+
+
+def _round_rational(q: sympy.Rational) -> int:
+    """Python's ``round`` of an exact fraction (no float error: ``round(5/2) == 2``)."""
+    from fractions import Fraction
+
+    return round(Fraction(int(q.p), int(q.q)))
+
+
 def evaluate(expr: sympy.Basic, values: dict[sympy.Symbol, int | float | bool]) -> object:
     """Value of ``expr`` with every free symbol replaced by a Python number."""
     out = expr.xreplace({s: _number(v) for s, v in values.items()})

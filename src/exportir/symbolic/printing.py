@@ -11,7 +11,7 @@ from __future__ import annotations
 import sympy
 from sympy.printing.str import StrPrinter
 
-from exportir.symbolic.functions import FloorDiv, IntTrueDiv, PyMod, ToFloat, TruncToInt
+from exportir.symbolic.functions import FloorDiv, IntTrueDiv, PyMod, RoundToInt, ToFloat, TruncToInt
 
 
 class _PythonPrinter(StrPrinter):
@@ -63,6 +63,7 @@ _FUNCTIONS = {
     IntTrueDiv: _binary("/"),
     ToFloat: lambda p, e: f"float({p._print(e.args[0])})",
     TruncToInt: lambda p, e: f"int({p._print(e.args[0])})",
+    RoundToInt: lambda p, e: f"round({p._print(e.args[0])})",
 }
 
 

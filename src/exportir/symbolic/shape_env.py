@@ -24,8 +24,8 @@ from typing import Any
 import sympy
 import torch
 
+from exportir.symbolic.data_dependent import Explanation, explain
 from exportir.symbolic.functions import to_python
-from exportir.symbolic.printing import python_source
 from exportir.symbolic.sym_node import SymNode
 from exportir.symbolic.value_ranges import ValueRanges, bound
 
@@ -70,6 +70,18 @@ class RuntimeAssert:
     frame: UserFrame | None
 
 
+@dataclass(frozen=True, slots=True)
+class Assumption:
+    """A data-dependent condition decided by the example inputs (draft_export) and checked by
+    a runtime assert: what, the value taken, where, and the torch._check that states it."""
+
+    expr: sympy.Basic
+    value: Any
+    frame: UserFrame | None
+    check: str  # the torch._check(...) stating the decision in the user's names
+    fix_at: str | None  # the line to put it before
+
+
 class GuardOnDataDependentSymNode(RuntimeError):
     """A Python decision needs the value of a data-dependent (unbacked) symbol."""
 
@@ -96,6 +108,34 @@ def user_frame() -> UserFrame | None:
             return UserFrame(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name, code)
         frame = frame.f_back
     return None
+
+
+def _what_symbols_are(symbols: list[sympy.Symbol], names: dict[str, str]) -> str:
+    named = [f"{s} is `{names[str(s)]}`" for s in symbols if str(s) in names]
+    unnamed = [str(s) for s in symbols if str(s) not in names]
+    parts = []
+    if named:
+        parts.append("here " + ", ".join(named) + ";")
+    if unnamed:
+        parts.append(f"{', '.join(unnamed)} has no name in the code here;")
+    return (
+        " ".join(parts) + " such values come from tensor data (.item(), .tolist(), nonzero, "
+        "x[mask], unique, ...) and are unknown while exporting, so Python cannot decide this "
+        "condition."
+    )
+
+
+def _fixes(why: Explanation) -> str:
+    lines = [f"    torch._check({why.condition})   # if it always holds"]
+    if why.negation is not None:
+        lines.append(f"    torch._check({why.negation})   # if it never holds")
+    at = f" Before this line\n  {why.fix_at}\nadd" if why.fix_at is not None else " Add"
+    return (
+        f"Fix: tell export what holds.{at} one of:\n" + "\n".join(lines) + "\n"
+        "or, if both outcomes are needed at run time, express the branch with "
+        "torch.cond(pred, true_fn, false_fn, operands); or export with exportir.draft_export("
+        "...) to keep the branch the example inputs take, checked by a runtime assert."
+    )
 
 
 def _is_bool(expr: sympy.Basic) -> bool:
@@ -131,6 +171,13 @@ class ShapeEnv:
         self._static_memo: dict[tuple[sympy.Basic, bool], tuple[Any, int]] = {}
         self.build_memo: dict[tuple, sympy.Basic] = {}  # SymNode arithmetic: (op, a, b) -> expr
         self.op_memo: dict[tuple, Any] = {}  # clients' memo of op results on these symbols
+        # the value of an expression on the example inputs (None: unknown), used by
+        # draft_export (``draft``) and inside assume_constant_result functions
+        self.example_value: Callable[[sympy.Basic], Any] | None = None
+        self.draft = False
+        self.constant_depth = 0
+        self.assumptions: list[Assumption] = []  # data-dependent decisions taken that way
+        self.constant_symbols: set[sympy.Symbol] = set()  # specialized unbacked symbols
 
     # -- caches -----------------------------------------------------------------------------
     # Every change to what is known goes through these setters, so memoized answers are
@@ -335,6 +382,10 @@ class ShapeEnv:
         if hint is None:
             if fallback_value is not None:
                 return fallback_value
+            if self.constant_depth:
+                return self._specialize_by_example(expr, frame)
+            if self.draft:
+                return self._decide_by_example(expr, frame)
             raise self.data_dependent_error(expr, frame)
         frame = frame or user_frame()
         if _is_bool(expr):
@@ -345,6 +396,49 @@ class ShapeEnv:
         self._learn(fact)
         self.guards.append(Guard(fact, frame))
         return hint
+
+    def _decide_by_example(self, expr: sympy.Basic, frame: UserFrame | None) -> Any:
+        """Draft mode (``example_value`` set): decide a data-dependent ``expr`` by its value on
+        the example inputs and check that at run time; otherwise the data-dependent error."""
+        value = self._example(expr)
+        if value is None:
+            raise self.data_dependent_error(expr, frame)
+        is_bool = _is_bool(expr)
+        fact = (expr if value else sympy.Not(expr)) if is_bool else sympy.Eq(expr, value)
+        why = explain(fact, set(self.unbacked_symbols(expr)), True)
+        where = why.where
+        frame = frame or (UserFrame(where.filename, where.lineno, where.name, where.code)
+                          if where is not None else None)
+        fix_at = str(why.fix_at) if why.fix_at is not None else None
+        self.assumptions.append(
+            Assumption(expr, bool(value) if is_bool else value, frame,
+                       f"torch._check({why.condition})", fix_at)
+        )
+        self.defer_runtime_assert(fact, frame)
+        return bool(value) if is_bool else value
+
+    def _example(self, expr: sympy.Basic) -> Any:
+        return None if self.example_value is None else self.example_value(expr)
+
+    def _specialize_by_example(self, expr: sympy.Basic, frame: UserFrame | None) -> Any:
+        """Inside an ``assume_constant_result`` function everything is a constant: the
+        unbacked symbols of ``expr`` become their example values."""
+        for sym in sorted(expr.free_symbols - self.var_to_hint.keys(), key=str):  # u0, zuf0
+            value = self._example(sym)
+            if value is None:
+                raise self.data_dependent_error(expr, frame)
+            self.specialize(sym, value)
+        value = self.evaluate_static(expr)
+        if value is None:
+            raise self.data_dependent_error(expr, frame)
+        return value
+
+    def specialize(self, sym: sympy.Symbol, value: Any) -> None:
+        """Make unbacked ``sym`` the constant ``value`` (``assume_constant_result``): it is
+        replaced everywhere and gets no runtime assert."""
+        self.constant_symbols.add(sym)
+        self._set_range(sym, ValueRanges.point(value))
+        self._set_replacement(sym, sympy.sympify(value))
 
     def expect_true(self, node: SymNode) -> bool:
         """``torch._check(cond)``: a runtime assert when ``cond`` is data-dependent."""
@@ -447,27 +541,24 @@ class ShapeEnv:
     def data_dependent_error(
         self, expr: sympy.Basic, frame: UserFrame | None = None
     ) -> GuardOnDataDependentSymNode:
-        frame = frame or user_frame()
+        """The error for a Python decision on unbacked symbols, with a ``torch._check`` fix
+        written in the names the user's code has for them (data_dependent.py)."""
         hinted = expr.xreplace({s: sympy.Integer(h) for s, h in self.var_to_hint.items()})
         size_like = ", ".join(str(s) for s in sorted(self.size_like, key=str)) or "none"
-        where = f"  {frame}" if frame else "  <unknown location>"
-        unbacked = ", ".join(str(s) for s in self.unbacked_symbols(expr))
-        cond = python_source(expr)
-        negated = python_source(sympy.Not(expr)) if _is_bool(expr) else None
-        fixes = [f"    torch._check({cond})   # if it always holds"]
-        if negated is not None:
-            fixes.append(f"    torch._check({negated})   # if it never holds")
-        message = (
+        unbacked = set(self.unbacked_symbols(expr))
+        why = explain(expr, unbacked, _is_bool(expr))
+        if frame is None and why.where is not None:
+            w = why.where
+            frame = UserFrame(w.filename, w.lineno, w.name, w.code)
+        where = f"  {why.where}" if why.where else "  <unknown location>"
+        return GuardOnDataDependentSymNode(
             f"Could not guard on data-dependent expression {hinted} (unhinted: {expr}).  "
-            f"(Size-like symbols: {size_like})\n\n"
-            f"{where}\n\n"
-            f"{unbacked} come(s) from tensor data (.item(), .tolist(), nonzero, unique, ...), "
-            "whose value is unknown while exporting, so Python cannot decide this condition.\n"
-            "Fix: tell export what holds, before this line:\n" + "\n".join(fixes) + "\n"
-            "or, if both outcomes are needed at run time, express the branch with "
-            "torch.cond(pred, true_fn, false_fn, operands)."
+            f"(Size-like symbols: {size_like})\n\n{where}\n\n"
+            f"{_what_symbols_are(sorted(unbacked, key=str), why.names)}\n"
+            f"{_fixes(why)}",
+            expr,
+            frame,
         )
-        return GuardOnDataDependentSymNode(message, expr, frame)
 
     # -- layout predicates ------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import sympy
 
-from exportir.symbolic.functions import FloorDiv, IntTrueDiv, PyMod, ToFloat, TruncToInt
+from exportir.symbolic.functions import FloorDiv, IntTrueDiv, PyMod, RoundToInt, ToFloat, TruncToInt
 
 if TYPE_CHECKING:
     from exportir.symbolic.shape_env import ShapeEnv
@@ -213,7 +213,9 @@ class SymNode:
         if ndigits is not None:
             raise NotImplementedError("round(SymFloat, ndigits) is not supported during export")
         hint = None if self._hint is None else round(self._hint)
-        return SymNode(sympy.floor(self.expr + sympy.Rational(1, 2)), self.shape_env, int, hint)
+        out = SymNode(RoundToInt(self.expr), self.shape_env, int, hint)
+        self.shape_env.report_op(round, (self,), out)
+        return out
 
     def is_integer(self) -> SymNode:
         hint = None if self._hint is None else float(self._hint).is_integer()

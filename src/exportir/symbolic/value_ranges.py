@@ -14,7 +14,14 @@ from dataclasses import dataclass
 
 import sympy
 
-from exportir.symbolic.functions import FloorDiv, IntTrueDiv, PyMod, ToFloat, TruncToInt
+from exportir.symbolic.functions import (
+    FloorDiv,
+    IntTrueDiv,
+    PyMod,
+    RoundToInt,
+    ToFloat,
+    TruncToInt,
+)
 
 oo = sympy.oo
 
@@ -156,6 +163,10 @@ def _truediv(x: ValueRanges, y: ValueRanges) -> ValueRanges:
     return ValueRanges(sympy.Min(*corners), sympy.Max(*corners))
 
 
+def _round_bound(b: sympy.Basic) -> sympy.Basic:
+    return b if b in (oo, -oo) else RoundToInt(b)
+
+
 def _bool(value: bool | None) -> ValueRanges:
     return ValueRanges.unknown_bool() if value is None else ValueRanges.point(value)
 
@@ -201,6 +212,7 @@ _RULES: dict[type, Callable[..., ValueRanges]] = {
     ToFloat: lambda x: x,
     TruncToInt: lambda x: ValueRanges(sympy.ceiling(x.lower) if bool(x.lower < 0) else sympy.floor(x.lower),
                                       sympy.floor(x.upper) if bool(x.upper > 0) else sympy.ceiling(x.upper)),
+    RoundToInt: lambda x: ValueRanges(_round_bound(x.lower), _round_bound(x.upper)),
     sympy.Not: _not,
     sympy.And: lambda *rs: _logic(list(rs), "and"),
     sympy.Or: lambda *rs: _logic(list(rs), "or"),
@@ -226,7 +238,7 @@ def bound(expr: sympy.Basic, ranges: Mapping[sympy.Symbol, ValueRanges]) -> Valu
             out = _mul(out, bound(a, ranges))
         return out
     if isinstance(expr, sympy.Rel):
-        return _compare(bound(expr.lhs - expr.rhs, ranges), type(expr))
+        return _relation(expr, ranges)
     rule = _RULES.get(type(expr))
     if rule is None:
         return ValueRanges.unknown()
@@ -239,3 +251,55 @@ def _symbol_default(sym: sympy.Symbol) -> ValueRanges:
     if sym.is_nonnegative:
         return ValueRanges(sympy.S.Zero, oo)
     return ValueRanges.unknown()
+
+
+# --- relations through rounding functions ---------------------------------------------------
+#
+# Intervals lose the link between ``round(s0/2)`` and ``s0``: each is bounded alone, so
+# ``round(s0/2) <= s0`` is undecided ([1, oo] - [2, oo] is unbounded). Writing each rounding
+# function as its argument plus a bounded error term (``round(e) = e + t``, ``t`` in
+# ``[-1/2, 1/2]``; ``a // b = a/b - t``, ``t`` in ``[0, (b-1)/b]``) and expanding cancels the
+# shared symbols: ``s0/2 + t - s0 = -s0/2 + t <= -1/2``.
+
+
+def _relation(expr: sympy.Rel, ranges: Mapping[sympy.Symbol, ValueRanges]) -> ValueRanges:
+    diff = expr.lhs - expr.rhs
+    out = _compare(bound(diff, ranges), type(expr))
+    if out.is_singleton():
+        return out
+    extra: dict[sympy.Symbol, ValueRanges] = {}
+    linear = diff.replace(lambda e: type(e) in _ERROR_TERMS, lambda e: _with_error(e, extra))
+    if not extra:
+        return out
+    return _compare(bound(sympy.expand(linear), {**ranges, **extra}), type(expr))
+
+
+def _with_error(e: sympy.Basic, extra: dict[sympy.Symbol, ValueRanges]) -> sympy.Basic:
+    rule = _ERROR_TERMS[type(e)]
+    found = rule(*e.args)
+    if found is None:
+        return e
+    value, error = found
+    t = sympy.Dummy("t")
+    extra[t] = error
+    return value + t
+
+
+def _floordiv_error(a: sympy.Basic, b: sympy.Basic) -> tuple[sympy.Basic, ValueRanges] | None:
+    if not (b.is_Integer and bool(b > 0)):
+        return None
+    return a / b, ValueRanges(-sympy.Rational(int(b) - 1, int(b)), sympy.S.Zero)
+
+
+def _truediv_exact(a: sympy.Basic, b: sympy.Basic) -> tuple[sympy.Basic, ValueRanges] | None:
+    if not b.is_number or b == 0:
+        return None
+    return a / b, ValueRanges.point(0)
+
+
+_ERROR_TERMS: dict[type, Callable[..., tuple[sympy.Basic, ValueRanges] | None]] = {
+    RoundToInt: lambda a: (a, ValueRanges(-sympy.Rational(1, 2), sympy.Rational(1, 2))),
+    FloorDiv: _floordiv_error,
+    IntTrueDiv: _truediv_exact,
+    ToFloat: lambda a: (a, ValueRanges.point(0)),
+}

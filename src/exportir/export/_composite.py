@@ -34,6 +34,8 @@ import torch
 from torch._decomp import _should_decompose_because_unsafe_op
 from torch._ops import OpOverload
 
+from exportir.export.fake import FakeConverter, FakeTensorMode
+
 aten = torch.ops.aten
 _DK = torch._C.DispatchKey
 _CIA = _DK.CompositeImplicitAutograd
@@ -212,6 +214,53 @@ def _to_with_assert(op: OpOverload) -> Callable[..., Any]:
         return op.decompose(*args, **kwargs)
 
     return kernel
+
+
+def composite_plan(table: dict | None) -> tuple[frozenset[Any], frozenset[Any]]:
+    """(ops recorded whole, ops routed whole to the recorder) for a decomposition table.
+
+    As torch.export's ``run_decompositions(table)``: every preservable composite-implicit op
+    the table does not name stays one node; a composite op the table names reaches the
+    recorder whole too, to be decomposed by the table's entry rather than by its kernel.
+    """
+    preservable = kept_cia_ops()
+    if not table:
+        return preservable, preservable
+    named = frozenset(op for op in table if is_cia(op))
+    return preservable - named, preservable | named
+
+
+def composite_value(func: Any, args: tuple, kwargs: dict, converter: FakeConverter) -> Any:
+    """``func``'s result on fakes through its composite kernel, recording nothing.
+
+    As torch.export computes it when it re-traces its graph: without autograd, where only
+    parameters require grad. (Kernels branch on it: ``scaled_dot_product_attention`` takes
+    its math path, whose result is laid out differently, for a mask that requires grad.)
+    """
+    def without_history(t: torch.Tensor) -> torch.Tensor:
+        fake = converter.from_real(t)  # module state reaches ops as the real tensor
+        return fake.detach() if fake.grad_fn is not None else fake
+
+    args, kwargs = _map_tensors(without_history, (args, kwargs))
+    env = converter.shape_env
+    if env is not None:  # sizes computed inside the kernel are not user arithmetic
+        env.listener_paused += 1
+    try:
+        with torch._C._AutoDispatchBelowAutograd(), torch.no_grad(), FakeTensorMode(converter):
+            return func.decompose(*args, **kwargs)
+    finally:
+        if env is not None:
+            env.listener_paused -= 1
+
+
+def _map_tensors(fn: Callable[[torch.Tensor], Any], x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if type(x) in (list, tuple):
+        return type(x)(_map_tensors(fn, a) for a in x)
+    if type(x) is dict:
+        return {k: _map_tensors(fn, v) for k, v in x.items()}
+    return x
 
 
 class CompositeOverrides:

@@ -27,8 +27,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from exportir import pytree
 from exportir.export._composite import (
     CompositeOverrides,
-    is_cia,
-    kept_cia_ops,
+    composite_plan,
+    composite_value,
     with_grad_of,
 )
 from exportir.export._inputs import bind_inputs, flatten_with_names, forward_arg_names
@@ -43,11 +43,9 @@ from exportir.export._node_meta import (
 from exportir.export.fake import (
     FakeConverter,
     FakeTensor,
-    FakeTensorMode,
     fake_like,
     fakify,
     run_fake,
-    shape_env_of,
 )
 from exportir.fx import Graph, GraphModule, Node
 from exportir.symbolic import ShapeEnv
@@ -416,53 +414,6 @@ def _is_composite_implicit(func: Any) -> bool:
     if name is None:
         return False
     return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
-
-
-def composite_plan(table: dict | None) -> tuple[frozenset[Any], frozenset[Any]]:
-    """(ops recorded whole, ops routed whole to the recorder) for a decomposition table.
-
-    As torch.export's ``run_decompositions(table)``: every preservable composite-implicit op
-    the table does not name stays one node; a composite op the table names reaches the
-    recorder whole too, to be decomposed by the table's entry rather than by its kernel.
-    """
-    preservable = kept_cia_ops()
-    if not table:
-        return preservable, preservable
-    named = frozenset(op for op in table if is_cia(op))
-    return preservable - named, preservable | named
-
-
-def composite_value(func: Any, args: tuple, kwargs: dict, converter: FakeConverter) -> Any:
-    """``func``'s result on fakes through its composite kernel, recording nothing.
-
-    As torch.export computes it when it re-traces its graph: without autograd, where only
-    parameters require grad. (Kernels branch on it: ``scaled_dot_product_attention`` takes
-    its math path, whose result is laid out differently, for a mask that requires grad.)
-    """
-    def without_history(t: torch.Tensor) -> torch.Tensor:
-        fake = converter.from_real(t)  # module state reaches ops as the real tensor
-        return fake.detach() if fake.grad_fn is not None else fake
-
-    args, kwargs = _map_tensors(without_history, (args, kwargs))
-    env = converter.shape_env
-    if env is not None:  # sizes computed inside the kernel are not user arithmetic
-        env.listener_paused += 1
-    try:
-        with torch._C._AutoDispatchBelowAutograd(), torch.no_grad(), FakeTensorMode(converter):
-            return func.decompose(*args, **kwargs)
-    finally:
-        if env is not None:
-            env.listener_paused -= 1
-
-
-def _map_tensors(fn: Callable[[torch.Tensor], Any], x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return fn(x)
-    if type(x) in (list, tuple):
-        return type(x)(_map_tensors(fn, a) for a in x)
-    if type(x) is dict:
-        return {k: _map_tensors(fn, v) for k, v in x.items()}
-    return x
 
 
 class TraceSettings:
@@ -845,110 +796,8 @@ def _module_call_graph(mod: torch.nn.Module, in_spec: Any, out_spec: Any, names:
     return [root] + [ModuleCallEntry(fqn) for fqn, _ in mod.named_modules() if fqn]
 
 
-# --- re-tracing a captured graph -----------------------------------------------------------
-
-
-def retrace(
-    gm: GraphModule,
-    flat_fake_inputs: list,
-    *,
-    decomposition_table: dict | None = None,
-    mutation_outputs: frozenset[str] = frozenset(),
-) -> GraphModule:
-    """Re-run a captured graph through the recorder, decomposing ops found in the table.
-
-    Placeholders keep their names and order and outputs keep their order, so the graph
-    signature carries over position by position. Every recorded node copies ``stack_trace``,
-    ``nn_module_stack`` and ``source_fn_stack`` from the node it came from. The result is
-    functionalized again (decompositions may use in-place ops on fresh tensors).
-    ``mutation_outputs`` names the nodes holding mutated inputs' new values: views of them are
-    regenerated before each use, as torch's functionalization does (_view_replay.py).
-    """
-    from exportir.export._finalize import finalize_retrace
-    from exportir.export._view_replay import ViewReplay, mutation_roots
-
-    table = dict(decomposition_table or {})
-    if table:
-        table = {**_ALWAYS_DECOMPOSED, **table}
-    # symbolic inputs keep their symbols: the program's ShapeEnv (ranges, replacements) goes on
-    rec = Recorder(decomposition_table=table, shape_env=shape_env_of(flat_fake_inputs))
-    env: dict[Node, Any] = {}
-    placeholders = list(gm.graph.find_nodes(op="placeholder"))
-    if len(placeholders) != len(flat_fake_inputs):
-        raise ValueError(
-            f"retrace: the graph has {len(placeholders)} placeholders but "
-            f"{len(flat_fake_inputs)} inputs were given"
-        )
-    for ph, val in zip(placeholders, flat_fake_inputs):
-        fake = fake_like(val) if isinstance(val, torch.Tensor) else val
-        node = rec.add_input(ph.name, fake, Lifted("user", ph.name, None, val))
-        node.meta.update({k: v for k, v in ph.meta.items() if k != "val"})
-        env[ph] = fake
-    output = None
-    replay = ViewReplay(mutation_roots(gm, mutation_outputs))
-
-    def rerun_view(view: Node) -> None:
-        env[view] = _rerun(view, env)
-
-    rec.shape_env.op_listener = rec.on_sym_op  # symbolic arithmetic nodes are re-recorded
-    try:
-        # as torch's re-trace: no autograd (parameters still require grad, what they compute
-        # does not -- composite kernels such as matmul's branch on it)
-        with torch.no_grad(), TraceSettings(rec.whole), CaptureMode(rec), _control_flow().ControlFlowMode():
-            for node in gm.graph.nodes:
-                if node.op == "call_function":
-                    rec.origin = node
-                    replay.before(node, rerun_view)
-                    env[node] = _rerun(node, env)
-                    replay.after(node)
-                elif node.op == "get_attr":  # a cond/map/while_loop body
-                    env[node] = getattr(gm, node.target)
-                elif node.op == "output":
-                    output = node
-    finally:
-        rec.shape_env.op_listener = None
-    results = output.args[0] if isinstance(output.args[0], (list, tuple)) else (output.args[0],)
-    flat_out = []
-    for result in results:
-        # a node made only now (the sym_size of a returned size) takes the meta of the node
-        # it stands for; the output node has no stack_trace / nn_module_stack to give
-        known = isinstance(result, Node) and "stack_trace" in result.meta
-        rec.origin = result if known else output
-        flat_out.extend(_output_value(rec, o) for o in pytree.tree_leaves(_lookup(result, env)))
-    rec.graph.output(tuple(flat_out))
-    return _control_flow().attach_subgraphs(finalize_retrace(rec), rec.subgraphs)
-
-
 def _control_flow() -> Any:
     """control_flow.py captures torch.cond / map / while_loop (it builds on this module)."""
     from exportir.export import control_flow
 
     return control_flow
-
-
-def _lift_fresh_copy(t: torch.Tensor) -> torch.Tensor:
-    return aten.clone.default(t)
-
-
-# non-core ops that torch's decomposition leaves as something else without a table entry
-_ALWAYS_DECOMPOSED: dict[Any, Callable[..., Any]] = {
-    aten.lift_fresh_copy.default: _lift_fresh_copy,
-}
-
-
-def _lookup(a: Any, env: dict[Node, Any]) -> Any:
-    if isinstance(a, Node):
-        return env[a]
-    if isinstance(a, list):
-        return [_lookup(x, env) for x in a]
-    if isinstance(a, tuple):
-        return tuple(_lookup(x, env) for x in a)
-    if isinstance(a, dict):
-        return {k: _lookup(v, env) for k, v in a.items()}
-    return a
-
-
-def _rerun(node: Node, env: dict[Node, Any]) -> Any:
-    args = _lookup(node.args, env)
-    kwargs = _lookup(dict(node.kwargs), env)
-    return node.target(*args, **kwargs)

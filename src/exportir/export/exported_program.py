@@ -358,7 +358,7 @@ class ExportedProgram:
         op (a plain re-trace). As in torch.export, a composite-implicit op the table does not
         name stays whole, and an op the table names is decomposed by the table's entry.
         """
-        from exportir.export.capture import retrace  # capture builds on this module
+        from exportir.export._retrace import retrace  # capture builds on this module
 
         table = as_plain_table(decomp_table)
         flat_fake = [n.meta["val"] for n in self.graph.find_nodes(op="placeholder")]

@@ -34,7 +34,7 @@ import torch
 from torch._decomp import _should_decompose_because_unsafe_op
 from torch._ops import OpOverload
 
-from exportir.export.fake import FakeConverter, FakeTensorMode
+from exportir.export.fake import FakeConverter, FakeTensor, FakeTensorMode, run_fake
 
 aten = torch.ops.aten
 _DK = torch._C.DispatchKey
@@ -184,9 +184,18 @@ def with_grad_of(out: Any, inputs: tuple) -> Any:
         return out
     if not isinstance(out, torch.Tensor) or not (out.is_floating_point() or out.is_complex()):
         return out
-    leaf = out.detach()
-    leaf.requires_grad = True
+    leaf = _fresh_alias(out, requires_grad=True)
     return torch._C._functions.DelayedError("exportir: not differentiable while capturing", 1)(leaf)
+
+
+def _fresh_alias(t: torch.Tensor, *, requires_grad: bool) -> torch.Tensor:
+    """``t.detach()`` (with ``requires_grad``) without dispatching an op: a new fake over the
+    same meta twin."""
+    if isinstance(t, FakeTensor):
+        return FakeTensor(t._meta, t.fake_device, requires_grad=requires_grad)
+    out = t.detach()
+    out.requires_grad_(requires_grad)
+    return out
 
 
 def _leaves(args: Any) -> Iterator[Any]:
@@ -230,6 +239,12 @@ def composite_plan(table: dict | None) -> tuple[frozenset[Any], frozenset[Any]]:
     return preservable - named, preservable | named
 
 
+# Composite kernels that branch on the device (or on requires_grad): their value comes from
+# the kernel run on the fakes themselves, which report the real device. The others run on the
+# fakes' meta twins in one call (a meta tensor never requires grad).
+DEVICE_DEPENDENT: frozenset[Any] = frozenset({aten.scaled_dot_product_attention.default})
+
+
 def composite_value(func: Any, args: tuple, kwargs: dict, converter: FakeConverter) -> Any:
     """``func``'s result on fakes through its composite kernel, recording nothing.
 
@@ -239,8 +254,10 @@ def composite_value(func: Any, args: tuple, kwargs: dict, converter: FakeConvert
     """
     def without_history(t: torch.Tensor) -> torch.Tensor:
         fake = converter.from_real(t)  # module state reaches ops as the real tensor
-        return fake.detach() if fake.grad_fn is not None else fake
+        return _fresh_alias(fake, requires_grad=False) if fake.grad_fn is not None else fake
 
+    if func not in DEVICE_DEPENDENT:  # one meta call: the kernel decomposes in C++
+        return run_fake(func, args, kwargs, converter)
     args, kwargs = _map_tensors(without_history, (args, kwargs))
     env = converter.shape_env
     if env is not None:  # sizes computed inside the kernel are not user arithmetic

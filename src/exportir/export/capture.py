@@ -258,7 +258,10 @@ class Recorder:
             # the kernel handed back its input (``type_as`` of the same dtype): the kept op
             # is a node of its own, so its value is a tensor of its own
             out = fake_like(out)
-        with _disable_current_modes():  # outer captures (a cond body's) must not see it
+        if torch._C._len_torch_dispatch_stack():  # outer captures (a cond body's) must not
+            with _disable_current_modes():  # see its op
+                out = with_grad_of(out, args)
+        else:
             out = with_grad_of(out, args)
         self.record(func, args, kwargs, out)
         return out

@@ -148,6 +148,11 @@ def preservable_cia_ops() -> frozenset[OpOverload]:
     """Every preservable CIA op: ATen's and those of other namespaces registered so far
     (custom ops may be defined at any time, so those are looked up on each call)."""
     custom = tuple(n for n in _cpp_cia_names() if not n.startswith("aten::"))
+    return _preservable_all(custom)
+
+
+@functools.lru_cache(maxsize=8)
+def _preservable_all(custom: tuple[str, ...]) -> frozenset[OpOverload]:
     return _preservable_aten() | _preservable_custom(custom)
 
 

@@ -253,22 +253,22 @@ DEVICE_DEPENDENT: frozenset[Any] = frozenset({aten.scaled_dot_product_attention.
 def composite_value(func: Any, args: tuple, kwargs: dict, converter: FakeConverter) -> Any:
     """``func``'s result on fakes through its composite kernel, recording nothing.
 
-    As torch.export computes it when it re-traces its graph: without autograd, where only
-    parameters require grad. (Kernels branch on it: ``scaled_dot_product_attention`` takes
-    its math path, whose result is laid out differently, for a mask that requires grad.)
+    Kernels that branch on the device or on ``requires_grad`` (``DEVICE_DEPENDENT``) run on
+    the fakes as they are, so the result is laid out as the same call in eager mode lays it out
+    (``scaled_dot_product_attention`` takes its math path, with a contiguous result, for a mask
+    that requires grad). The graph then holds views valid for that layout, as eager code would
+    be. (torch.export computes kept ops' values in a no-grad re-trace; its graph breaks when its
+    ``module()`` runs with grad -- see tests/export/test_fidelity.py's ATTENTION_GRAD_LAYOUT.)
     """
-    def without_history(t: torch.Tensor) -> torch.Tensor:
-        fake = converter.from_real(t)  # module state reaches ops as the real tensor
-        return _fresh_alias(fake, requires_grad=False) if fake.grad_fn is not None else fake
-
     if func not in DEVICE_DEPENDENT:  # one meta call: the kernel decomposes in C++
         return run_fake(func, args, kwargs, converter)
-    args, kwargs = _map_tensors(without_history, (args, kwargs))
+    # module state reaches ops as the real tensor
+    args, kwargs = _map_tensors(converter.from_real, (args, kwargs))
     env = converter.shape_env
     if env is not None:  # sizes computed inside the kernel are not user arithmetic
         env.listener_paused += 1
     try:
-        with torch._C._AutoDispatchBelowAutograd(), torch.no_grad(), FakeTensorMode(converter):
+        with torch._C._AutoDispatchBelowAutograd(), FakeTensorMode(converter):
             return func.decompose(*args, **kwargs)
     finally:
         if env is not None:

@@ -250,9 +250,8 @@ class Recorder:
         return out
 
     def record_whole(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        """A composite op kept whole: one node. Its value comes from its composite kernel run
-        on the fakes, unrecorded (as torch.export's fake rule for kept ops does: kernels that
-        branch on the device, like ``scaled_dot_product_attention``'s, see the real one)."""
+        """A composite op kept whole: one node. Its value comes from its composite kernel,
+        unrecorded (``_composite.composite_value``)."""
         out = composite_value(func, args, kwargs, self.converter)
         if isinstance(out, torch.Tensor) and id(out) in self.nodes:
             # the kernel handed back its input (``type_as`` of the same dtype): the kept op

@@ -252,7 +252,14 @@ class Recorder:
     def record_whole(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """A composite op kept whole: one node. Its value comes from its composite kernel,
         unrecorded (``_composite.composite_value``)."""
-        out = composite_value(func, args, kwargs, self.converter)
+        try:
+            out = composite_value(func, args, kwargs, self.converter)
+        except (NotImplementedError, RuntimeError):
+            # a part of it has data-dependent sizes (argwhere, nonzero(as_tuple=True),
+            # repeat_interleave with a tensor of repeats), which only the recorder's rules
+            # compute: recorded decomposed (torch.export keeps these whole)
+            with self.mode:
+                return func.decompose(*args, **kwargs)
         if isinstance(out, torch.Tensor) and id(out) in self.nodes:
             # the kernel handed back its input (``type_as`` of the same dtype): the kept op
             # is a node of its own, so its value is a tensor of its own

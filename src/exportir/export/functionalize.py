@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from exportir.export._view_steps import INVERSES, ViewStep
 from exportir.export.fake import FakeConverter, run_fake
 from exportir.fx import Graph, Node
 
@@ -233,85 +234,22 @@ REWRITES: dict[Any, Callable[[Node], Rewrite | None]] = {
 # aliases that change nothing a graph can observe
 TRANSPARENT = {aten.alias.default, aten.detach.default, aten.lift_fresh.default}
 
-# ops changing a tensor's shape/strides in place: not expressible by value rewriting
-METADATA_MUTATIONS = {
-    aten.resize_.default,
-    aten.set_.source_Tensor,
-    aten.transpose_.default,
-    aten.t_.default,
-    aten.unsqueeze_.default,
-    aten.squeeze_.default,
-    aten.squeeze_.dim,
-    aten.as_strided_.default,
-}
-
-
 def _needs_rewrite(node: Node) -> bool:
     return node.target in REWRITES or bool(_written_args(node.target))
 
 
-# --- inverse views -------------------------------------------------------------------------
-
-# (old view node, new base, new src, the view's other args mapped to the new graph) -> call
-Scatter = Callable[[Node, Node, Node, tuple], tuple[Any, tuple, dict]]
-
-
-def _select(v: Node, base: Node, src: Node, rest: tuple) -> tuple:
-    return aten.select_scatter.default, (base, src, *rest[:2]), {}
-
-
-def _slice(v: Node, base: Node, src: Node, rest: tuple) -> tuple:
-    return aten.slice_scatter.default, (base, src, *rest), {}
-
-
-def _diagonal(v: Node, base: Node, src: Node, rest: tuple) -> tuple:
-    return aten.diagonal_scatter.default, (base, src, *rest), {}
-
-
-def _as_strided(v: Node, base: Node, src: Node, rest: tuple) -> tuple:
-    return aten.as_strided_scatter.default, (base, src, *rest), {}
-
-
-def _view_back(v: Node, base: Node, src: Node, rest: tuple) -> tuple:
-    return aten.view.default, (src, list(v.args[0].meta["val"].shape)), {}
-
-
-def _permute_back(v: Node, base: Node, src: Node, rest: tuple) -> tuple:
-    dims = list(v.args[1])
-    inverse = [0] * len(dims)
-    for i, d in enumerate(dims):
-        inverse[d % len(dims)] = i
-    return aten.permute.default, (src, inverse), {}
-
-
-def _same_op(v: Node, base: Node, src: Node, rest: tuple) -> tuple:
-    return v.target, (src, *rest), {}
-
-
-def _identity(v: Node, base: Node, src: Node, rest: tuple) -> tuple:
-    return None, (src,), {}
-
-
-SCATTERS: dict[Any, Scatter] = {
-    aten.select.int: _select,
-    aten.slice.Tensor: _slice,
-    aten.diagonal.default: _diagonal,
-    aten.as_strided.default: _as_strided,
-    aten.view.default: _view_back,
-    aten._unsafe_view.default: _view_back,
-    aten.reshape.default: _view_back,
-    aten.unsqueeze.default: _view_back,
-    aten.squeeze.dim: _view_back,
-    aten.squeeze.dims: _view_back,
-    aten.squeeze.default: _view_back,
-    aten.flatten.using_ints: _view_back,
-    aten.unflatten.int: _view_back,
-    aten.permute.default: _permute_back,
-    aten.transpose.int: _same_op,
-    aten.t.default: _same_op,
-    aten.alias.default: _identity,
-    aten.detach.default: _identity,
-}
+@cache
+def inplace_view_target(func: Any) -> Any:
+    """The view op an in-place view op applies (``unsqueeze_`` -> ``unsqueeze``,
+    ``as_strided_`` -> ``as_strided``), or None when ``func`` is not one."""
+    schema = getattr(func, "_schema", None)
+    if schema is None or not schema.name.endswith("_") or _written_args(func) != (0,):
+        return None
+    try:
+        variant = functional_variant(func)
+    except FunctionalizationError:
+        return None
+    return variant if _is_view_op(variant) else None
 
 
 def _rebuild(like: list | tuple, items: list) -> list | tuple:
@@ -322,22 +260,43 @@ def _rebuild(like: list | tuple, items: list) -> list | tuple:
 # --- the pass ------------------------------------------------------------------------------
 
 
-class Functionalizer:
-    """Copies ``old`` into a new graph, replacing mutations by values (see module docstring)."""
+class _Alias:
+    """One tensor of the captured graph: the storage it lives in (named by the node that made
+    the storage) and the view steps from the storage's base value to it. An in-place view op
+    extends ``chain``; ``val`` is the tensor's current layout (a fake)."""
 
-    def __init__(self, old: Graph) -> None:
+    __slots__ = ("chain", "owner", "val")
+
+    def __init__(self, owner: Node, chain: tuple[ViewStep, ...], val: Any) -> None:
+        self.owner, self.chain, self.val = owner, chain, val
+
+
+Describe = Callable[[Node], str]
+
+
+def _describe_input(placeholder: Node) -> str:
+    return f"graph input '{placeholder.name}'"
+
+
+class Functionalizer:
+    """Copies ``old`` into a new graph, replacing mutations by values (see module docstring).
+
+    ``describe`` names a placeholder of ``old`` in error messages (``"buffer 'running_mean'"``).
+    """
+
+    def __init__(self, old: Graph, describe: Describe | None = None) -> None:
         self.old = old
         self.new = Graph()
-        self.value: dict[Node, Node] = {}  # old node -> new node with its current value
-        self.root: dict[Node, Node] = {}  # old node -> old node owning its storage
-        self.chain: dict[Node, tuple[Node, ...]] = {}  # old view -> views from root to it
-        self.version: dict[Node, int] = {}  # old root -> number of writes so far
-        self.stamp: dict[Node, int] = {}  # old view -> root version its value was made at
+        self.alias: dict[Node, _Alias] = {}  # old node -> its storage and view steps
+        self.version: dict[Node, int] = {}  # storage (its owner node) -> number of writes so far
+        # (storage, view steps) -> (new node holding that view's value, version it was made at)
+        self.cached: dict[tuple[Node, tuple[ViewStep, ...]], tuple[Node, int]] = {}
         self.same: dict[Node, Node] = {}  # old in-place/out= result -> the argument it returns
         self.converter = FakeConverter()
         self.origin: Node | None = None
         self.placeholders: dict[Node, Node] = {}  # old placeholder -> new placeholder
         self.items: dict[Node, list[Node | None]] = {}  # old rewritten call -> its getitems
+        self.describe = describe or _describe_input
 
     # -- reading and writing values ----------------------------------------------------------
 
@@ -347,17 +306,25 @@ class Functionalizer:
         return n
 
     def read(self, n: Node) -> Node:
-        n = self.resolve(n)
-        root = self.root.get(n, n)
-        if n is root or self.stamp.get(n) == self.version[root]:
-            return self.value[n]
-        chain = self.chain[n]
-        parent = chain[-2] if len(chain) > 1 else root
-        base = self.read(parent)
-        fresh = self.emit(n.target, (base, *map(self.map_arg, n.args[1:])), self._map_kwargs(n))
-        self.value[n] = fresh
-        self.stamp[n] = self.version[root]
+        alias = self.alias[self.resolve(n)]
+        return self._value_of(alias.owner, alias.chain)
+
+    def _value_of(self, owner: Node, chain: tuple[ViewStep, ...]) -> Node:
+        """The view ``chain`` of ``owner``'s storage now: cached, or replayed on the base."""
+        version = self.version[owner]
+        hit = self.cached.get((owner, chain))
+        if hit is not None and hit[1] == version:
+            return hit[0]
+        if not chain:
+            raise FunctionalizationError(f"internal: storage of {owner.name} has no value")
+        base = self._value_of(owner, chain[:-1])
+        fresh = self._apply(chain[-1], base)
+        self.cached[(owner, chain)] = (fresh, version)
         return fresh
+
+    def _apply(self, step: ViewStep, base: Node, val: Any = _COMPUTE) -> Node:
+        args = (base, *self.map_arg(step.args))
+        return self.emit(step.target, args, self.map_arg_dict(step.kwargs), val)
 
     def map_arg(self, a: Any) -> Any:
         if isinstance(a, Node):
@@ -366,36 +333,30 @@ class Functionalizer:
             return _rebuild(a, [self.map_arg(x) for x in a])
         return a
 
-    def _map_kwargs(self, n: Node) -> dict:
-        return {k: self.map_arg(v) for k, v in n.kwargs.items()}
+    def map_arg_dict(self, kwargs: dict) -> dict:
+        return {k: self.map_arg(v) for k, v in kwargs.items()}
 
     def write(self, target: Node, new_value: Node) -> None:
-        target = self.resolve(target)
-        root = self.root.get(target, target)
-        chain = self.chain.get(target, ())
-        if chain:
-            new_root = self._scatter_up(root, chain, new_value)
-        else:
-            new_root = new_value
-        self.version[root] = self.version.get(root, 0) + 1
-        self.value[root] = new_root
-        if target is not root:
-            self.value[target] = new_value
-            self.stamp[target] = self.version[root]
+        alias = self.alias[self.resolve(target)]
+        owner, chain = alias.owner, alias.chain
+        new_base = self._scatter_up(owner, chain, new_value) if chain else new_value
+        version = self.version[owner] = self.version[owner] + 1
+        self.cached[(owner, ())] = (new_base, version)
+        if chain:  # the written view is regenerated from the new base at once, as torch does
+            self._value_of(owner, chain)
 
-    def _scatter_up(self, root: Node, chain: tuple[Node, ...], src: Node) -> Node:
-        if not all(v.target in SCATTERS for v in chain):
-            return self._as_strided_scatter(root, chain[-1], src)
-        bases = [self.read(root)] + [self.read(v) for v in chain[:-1]]
-        for view, base in zip(reversed(chain), reversed(bases)):
-            rest = self.map_arg(tuple(view.args[1:]))
-            target, args, kwargs = SCATTERS[view.target](view, base, src, rest)
-            src = args[0] if target is None else self.emit(target, args, kwargs)
+    def _scatter_up(self, owner: Node, chain: tuple[ViewStep, ...], src: Node) -> Node:
+        if not all(step.target in INVERSES for step in chain):
+            return self._as_strided_scatter(owner, chain[-1], src)
+        bases = [self._value_of(owner, chain[:i]) for i in range(len(chain))]
+        for step, base in zip(reversed(chain), reversed(bases)):
+            src = INVERSES[step.target](self.emit, step, base, src, self.map_arg(step.args))
         return src
 
-    def _as_strided_scatter(self, root: Node, view: Node, src: Node) -> Node:
-        val = view.meta["val"]
-        args = (self.read(root), src, list(val.shape), list(val.stride()), val.storage_offset())
+    def _as_strided_scatter(self, owner: Node, step: ViewStep, src: Node) -> Node:
+        val = step.val
+        size, stride = list(val.shape), list(val.stride())
+        args = (self._value_of(owner, ()), src, size, stride, val.storage_offset())
         return self.emit(aten.as_strided_scatter.default, args, {})
 
     # -- emitting nodes ----------------------------------------------------------------------
@@ -440,43 +401,119 @@ class Functionalizer:
                 raise FunctionalizationError(f"unexpected {n.op} node {n.name} in a captured graph")
         raise FunctionalizationError("captured graph has no output node")
 
+    def _own(self, n: Node, new: Node) -> None:
+        """``n`` is a fresh value in a storage of its own, held by ``new``."""
+        self.alias[n] = _Alias(n, (), n.meta.get("val"))
+        self.version[n] = 0
+        self.cached[(n, ())] = (new, 0)
+
     def _placeholder(self, n: Node) -> None:
         new = self.new.placeholder(n.name)
         new.meta.update(n.meta)
-        self.value[n] = new
-        self.version[n] = 0
+        self._own(n, new)
         self.placeholders[n] = new
 
     def _call(self, n: Node) -> None:
-        if n.target in METADATA_MUTATIONS:
-            raise FunctionalizationError(
-                f"{n.target.name()} changes a tensor's shape in place, which export cannot "
-                f"express functionally.\n  {n.meta.get('stack_trace', '')}\n"
-                "Use the out-of-place form (e.g. x = x.unsqueeze(0)) instead."
-            )
+        layout_rule = LAYOUT_RULES.get(n.target)
+        if layout_rule is not None:
+            layout_rule(self, n)
+            return
+        view_target = None if n.target in REWRITES else inplace_view_target(n.target)
+        if view_target is not None:
+            self._inplace_view(n, view_target)
+            return
         if _needs_rewrite(n):
             self._mutation(n)
             return
         if n.target is operator.getitem and n.args[0] in self.items:
-            self.value[n] = self.items[n.args[0]][n.args[1]]
-            self.version[n] = 0
+            self._own(n, self.items[n.args[0]][n.args[1]])
             return
         if n.target in TRANSPARENT and isinstance(n.args[0], Node):
-            self.same[n] = n.args[0]  # same value, no node: torch drops these too
+            base = self.alias[self.resolve(n.args[0])]  # same value, no node: torch drops these
+            self.alias[n] = _Alias(base.owner, base.chain, base.val)
             return
+        self._copy(n)
+
+    def _copy(self, n: Node) -> None:
+        """An op without mutation; a view joins its base's storage."""
         base = view_base(n)
-        new = self.emit(
-            n.target, self.map_arg(n.args), self._map_kwargs(n), n.meta.get("val", _COMPUTE)
+        val = n.meta.get("val", _COMPUTE)
+        new = self.emit(n.target, self.map_arg(n.args), self.map_arg_dict(n.kwargs), val)
+        if base is None:
+            self._own(n, new)
+            return
+        of = self.alias[self.resolve(base)]
+        step = ViewStep(n.target, tuple(n.args[1:]), dict(n.kwargs), of.val, n.meta.get("val"))
+        chain = of.chain + (step,)
+        self.alias[n] = _Alias(of.owner, chain, step.val)
+        self.cached[(of.owner, chain)] = (new, self.version[of.owner])
+
+    # -- in-place changes of a tensor's layout ------------------------------------------------
+
+    def _inplace_view(self, n: Node, target: Any) -> None:
+        """``y.unsqueeze_(0)``: from now on ``y`` is ``unsqueeze(y as it was)``, a view of the
+        same storage (torch's functionalization appends a ViewMeta to ``y``)."""
+        step = ViewStep(target, tuple(n.args[1:]), dict(n.kwargs), None, n.meta.get("val"))
+        self._push_step(n, step)
+
+    def _push_step(self, n: Node, step: ViewStep) -> None:
+        y = self.resolve(n.args[0])
+        self._check_not_input(n, y)
+        alias = self.alias[y]
+        step = ViewStep(step.target, step.args, step.kwargs, alias.val, step.val)
+        new = self._apply(step, self.read(y), _COMPUTE if step.val is None else step.val)
+        alias.chain = alias.chain + (step,)
+        alias.val = new.meta["val"]
+        self.cached[(alias.owner, alias.chain)] = (new, self.version[alias.owner])
+        self.same[n] = y
+
+    def _check_not_input(self, n: Node, y: Node) -> None:
+        if y not in self.placeholders:
+            return
+        raise FunctionalizationError(
+            f"{n.target.name()} changes the shape of {self.describe(y)} in place.\n"
+            f"  {n.meta.get('stack_trace', '')}\n"
+            "An exported program cannot change the shape or strides of its inputs and buffers "
+            "(torch.export refuses this too). Use the out-of-place form and keep the result in "
+            "a new variable (e.g. y = x.unsqueeze(0) instead of x.unsqueeze_(0))."
         )
-        self.value[n] = new
-        if base is not None:
-            base = self.resolve(base)
-            root = self.root.get(base, base)
-            self.root[n] = root
-            self.chain[n] = self.chain.get(base, ()) + (n,)
-            self.stamp[n] = self.version.setdefault(root, 0)
-        else:
-            self.version[n] = 0
+
+    def _resize(self, n: Node) -> None:
+        """``resize_``: a view (``as_strided`` with the new layout) while the storage is large
+        enough, else the functional ``resize`` replaces the storage, as torch does."""
+        y = self.resolve(n.args[0])
+        self._check_not_input(n, y)
+        val = n.meta.get("val")
+        layout = (*val.shape, *val.stride(), val.storage_offset())
+        if not all(isinstance(s, int) for s in layout):
+            raise FunctionalizationError(
+                f"resize_ to a symbolic size cannot be exported.\n  {n.meta.get('stack_trace', '')}"
+                "\nUse an out-of-place op that makes the tensor you need (reshape, new_empty)."
+            )
+        size, stride = list(val.shape), list(val.stride())
+        alias = self.alias[y]
+        room = self._value_of(alias.owner, ()).meta["val"].numel()
+        if val.storage_offset() + val.numel() <= room:
+            step = ViewStep(aten.as_strided.default, (size, stride), {}, None, val)
+            self._push_step(n, step)
+            return
+        if alias.chain:
+            raise FunctionalizationError(
+                f"resize_ grows a view of another tensor, which export cannot express.\n"
+                f"  {n.meta.get('stack_trace', '')}\nResize a tensor of its own (y = y.clone()) or "
+                "make a new one of the size you need (y.new_empty(size))."
+            )
+        self.write(y, self.emit(aten.resize.default, (self.read(y), size), {}))
+        self.same[n] = y
+
+    def _refuse_layout(self, n: Node) -> None:
+        raise FunctionalizationError(
+            f"{n.target.name()} replaces a tensor's storage in place, which export cannot "
+            f"express functionally.\n  {n.meta.get('stack_trace', '')}\n"
+            "Use the source tensor itself (y = source) instead of y.set_(source)."
+        )
+
+    # -- value mutations --------------------------------------------------------------------
 
     def _mutation(self, n: Node) -> None:
         if n.target is aten.copy_.default and self._whole_copy(n):
@@ -492,8 +529,7 @@ class Functionalizer:
         new = self.emit(
             rewrite.target, self.map_arg(rewrite.args), self.map_arg_dict(rewrite.kwargs)
         )
-        self.value[n] = new
-        self.version[n] = 0
+        self._own(n, new)
         items = self._items(n, new)
         for written, index in rewrite.writes:
             self.write(written, new if index is None else items[index])
@@ -515,15 +551,15 @@ class Functionalizer:
 
     def _whole_copy(self, n: Node) -> bool:
         dst, src = n.args[0], n.args[1]
-        if not isinstance(src, Node) or self.chain.get(self.resolve(dst)):
+        if not isinstance(src, Node):
             return False
-        d, s = dst.meta.get("val"), src.meta.get("val")
+        d_alias = self.alias[self.resolve(dst)]
+        if d_alias.chain:
+            return False
+        d, s = d_alias.val, self.alias[self.resolve(src)].val
         if not isinstance(d, torch.Tensor) or not isinstance(s, torch.Tensor):
             return False
         return d.shape == s.shape and d.dtype == s.dtype and d.device == s.device
-
-    def map_arg_dict(self, kwargs: dict) -> dict:
-        return {k: self.map_arg(v) for k, v in kwargs.items()}
 
     def mutated_placeholders(self) -> list[Mutation]:
         """Placeholders written to, in input order, with their final values."""
@@ -534,8 +570,20 @@ class Functionalizer:
         return found
 
 
-def functionalize(old: Graph) -> tuple[Functionalizer, Node]:
-    """Run the pass; returns it (new graph, value map, mutations) and the old output node."""
-    pass_ = Functionalizer(old)
+# ops changing a tensor's layout in place that are not in-place view ops (keyed by op)
+LAYOUT_RULES: dict[Any, Callable[[Functionalizer, Node], None]] = {
+    aten.resize_.default: Functionalizer._resize,
+    aten.set_.source_Tensor: Functionalizer._refuse_layout,
+    aten.set_.source_Storage: Functionalizer._refuse_layout,
+    aten.set_.source_Storage_storage_offset: Functionalizer._refuse_layout,
+    aten.set_.source_Tensor_storage_offset: Functionalizer._refuse_layout,
+    aten.set_.default: Functionalizer._refuse_layout,
+}
+
+
+def functionalize(old: Graph, describe: Describe | None = None) -> tuple[Functionalizer, Node]:
+    """Run the pass; returns it (new graph, value map, mutations) and the old output node.
+    ``describe`` names placeholders in error messages."""
+    pass_ = Functionalizer(old, describe)
     out = pass_.run()
     return pass_, out

@@ -261,14 +261,22 @@ def _rebuild(like: list | tuple, items: list) -> list | tuple:
 
 
 class _Alias:
-    """One tensor of the captured graph: the storage it lives in (named by the node that made
-    the storage) and the view steps from the storage's base value to it. An in-place view op
-    extends ``chain``; ``val`` is the tensor's current layout (a fake)."""
+    """One tensor of the captured graph (torch's FunctionalTensorWrapper): the storage it lives
+    in (named by the node that made the storage), the view steps from the storage's base value
+    to it (an in-place view op extends them), its current layout ``val`` (a fake), and the new
+    node holding its value as of storage version ``version``."""
 
-    __slots__ = ("chain", "owner", "val")
+    __slots__ = ("chain", "owner", "val", "value", "version")
 
-    def __init__(self, owner: Node, chain: tuple[ViewStep, ...], val: Any) -> None:
+    def __init__(
+        self, owner: Node, chain: tuple[ViewStep, ...], val: Any, value: Node, version: int
+    ) -> None:
         self.owner, self.chain, self.val = owner, chain, val
+        self.value, self.version = value, version
+
+    def like(self) -> _Alias:
+        """Another tensor over the same view of the same storage (``alias``, ``detach``)."""
+        return _Alias(self.owner, self.chain, self.val, self.value, self.version)
 
 
 Describe = Callable[[Node], str]
@@ -289,8 +297,7 @@ class Functionalizer:
         self.new = Graph()
         self.alias: dict[Node, _Alias] = {}  # old node -> its storage and view steps
         self.version: dict[Node, int] = {}  # storage (its owner node) -> number of writes so far
-        # (storage, view steps) -> (new node holding that view's value, version it was made at)
-        self.cached: dict[tuple[Node, tuple[ViewStep, ...]], tuple[Node, int]] = {}
+        self.base: dict[Node, Node] = {}  # storage (its owner node) -> new node of its value
         self.same: dict[Node, Node] = {}  # old in-place/out= result -> the argument it returns
         self.converter = FakeConverter()
         self.origin: Node | None = None
@@ -306,21 +313,20 @@ class Functionalizer:
         return n
 
     def read(self, n: Node) -> Node:
+        """The new node holding ``n``'s current value; a view of a storage written since it
+        was last read is regenerated from the storage's value (its whole chain, as torch)."""
         alias = self.alias[self.resolve(n)]
-        return self._value_of(alias.owner, alias.chain)
+        version = self.version[alias.owner]
+        if alias.version != version:
+            alias.value = self._replay(alias.owner, alias.chain)
+            alias.version = version
+        return alias.value
 
-    def _value_of(self, owner: Node, chain: tuple[ViewStep, ...]) -> Node:
-        """The view ``chain`` of ``owner``'s storage now: cached, or replayed on the base."""
-        version = self.version[owner]
-        hit = self.cached.get((owner, chain))
-        if hit is not None and hit[1] == version:
-            return hit[0]
-        if not chain:
-            raise FunctionalizationError(f"internal: storage of {owner.name} has no value")
-        base = self._value_of(owner, chain[:-1])
-        fresh = self._apply(chain[-1], base)
-        self.cached[(owner, chain)] = (fresh, version)
-        return fresh
+    def _replay(self, owner: Node, chain: tuple[ViewStep, ...]) -> Node:
+        value = self.base[owner]
+        for step in chain:
+            value = self._apply(step, value)
+        return value
 
     def _apply(self, step: ViewStep, base: Node, val: Any = _COMPUTE) -> Node:
         args = (base, *self.map_arg(step.args))
@@ -340,15 +346,17 @@ class Functionalizer:
         alias = self.alias[self.resolve(target)]
         owner, chain = alias.owner, alias.chain
         new_base = self._scatter_up(owner, chain, new_value) if chain else new_value
-        version = self.version[owner] = self.version[owner] + 1
-        self.cached[(owner, ())] = (new_base, version)
+        self.version[owner] += 1
+        self.base[owner] = new_base
         if chain:  # the written view is regenerated from the new base at once, as torch does
-            self._value_of(owner, chain)
+            self.read(target)
 
     def _scatter_up(self, owner: Node, chain: tuple[ViewStep, ...], src: Node) -> Node:
         if not all(step.target in INVERSES for step in chain):
             return self._as_strided_scatter(owner, chain[-1], src)
-        bases = [self._value_of(owner, chain[:i]) for i in range(len(chain))]
+        bases = [self.base[owner]]  # the views between are made afresh, as torch does
+        for step in chain[:-1]:
+            bases.append(self._apply(step, bases[-1]))
         for step, base in zip(reversed(chain), reversed(bases)):
             src = INVERSES[step.target](self.emit, step, base, src, self.map_arg(step.args))
         return src
@@ -356,7 +364,7 @@ class Functionalizer:
     def _as_strided_scatter(self, owner: Node, step: ViewStep, src: Node) -> Node:
         val = step.val
         size, stride = list(val.shape), list(val.stride())
-        args = (self._value_of(owner, ()), src, size, stride, val.storage_offset())
+        args = (self.base[owner], src, size, stride, val.storage_offset())
         return self.emit(aten.as_strided_scatter.default, args, {})
 
     # -- emitting nodes ----------------------------------------------------------------------
@@ -403,9 +411,9 @@ class Functionalizer:
 
     def _own(self, n: Node, new: Node) -> None:
         """``n`` is a fresh value in a storage of its own, held by ``new``."""
-        self.alias[n] = _Alias(n, (), n.meta.get("val"))
+        self.alias[n] = _Alias(n, (), n.meta.get("val"), new, 0)
         self.version[n] = 0
-        self.cached[(n, ())] = (new, 0)
+        self.base[n] = new
 
     def _placeholder(self, n: Node) -> None:
         new = self.new.placeholder(n.name)
@@ -430,7 +438,7 @@ class Functionalizer:
             return
         if n.target in TRANSPARENT and isinstance(n.args[0], Node):
             base = self.alias[self.resolve(n.args[0])]  # same value, no node: torch drops these
-            self.alias[n] = _Alias(base.owner, base.chain, base.val)
+            self.alias[n] = base.like()
             return
         self._copy(n)
 
@@ -445,8 +453,7 @@ class Functionalizer:
         of = self.alias[self.resolve(base)]
         step = ViewStep(n.target, tuple(n.args[1:]), dict(n.kwargs), of.val, n.meta.get("val"))
         chain = of.chain + (step,)
-        self.alias[n] = _Alias(of.owner, chain, step.val)
-        self.cached[(of.owner, chain)] = (new, self.version[of.owner])
+        self.alias[n] = _Alias(of.owner, chain, step.val, new, self.version[of.owner])
 
     # -- in-place changes of a tensor's layout ------------------------------------------------
 
@@ -464,7 +471,7 @@ class Functionalizer:
         new = self._apply(step, self.read(y), _COMPUTE if step.val is None else step.val)
         alias.chain = alias.chain + (step,)
         alias.val = new.meta["val"]
-        self.cached[(alias.owner, alias.chain)] = (new, self.version[alias.owner])
+        alias.value, alias.version = new, self.version[alias.owner]
         self.same[n] = y
 
     def _check_not_input(self, n: Node, y: Node) -> None:
@@ -492,7 +499,7 @@ class Functionalizer:
             )
         size, stride = list(val.shape), list(val.stride())
         alias = self.alias[y]
-        room = self._value_of(alias.owner, ()).meta["val"].numel()
+        room = self.base[alias.owner].meta["val"].numel()
         if val.storage_offset() + val.numel() <= room:
             step = ViewStep(aten.as_strided.default, (size, stride), {}, None, val)
             self._push_step(n, step)

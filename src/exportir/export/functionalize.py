@@ -513,11 +513,20 @@ class Functionalizer:
         self.write(y, self.emit(aten.resize.default, (self.read(y), size), {}))
         self.same[n] = y
 
-    def _refuse_layout(self, n: Node) -> None:
+    def _set_source(self, n: Node) -> None:
+        """``y.set_(src)``: ``y`` becomes another tensor over ``src``'s storage and view, so
+        later writes through either reach both (torch's ``set__impl``)."""
+        y = self.resolve(n.args[0])
+        self._check_not_input(n, y)
+        self.alias[y] = self.alias[self.resolve(n.args[1])].like()
+        self.same[n] = y
+
+    def _refuse_storage(self, n: Node) -> None:
         raise FunctionalizationError(
-            f"{n.target.name()} replaces a tensor's storage in place, which export cannot "
-            f"express functionally.\n  {n.meta.get('stack_trace', '')}\n"
-            "Use the source tensor itself (y = source) instead of y.set_(source)."
+            f"{n.target.name()} points a tensor at a raw storage (or at a part of one), which "
+            f"export cannot express functionally.\n  {n.meta.get('stack_trace', '')}\n"
+            "Set it to a whole tensor (y.set_(source)) or use the tensor itself "
+            "(y = source, y = source.as_strided(size, stride))."
         )
 
     # -- value mutations --------------------------------------------------------------------
@@ -580,11 +589,11 @@ class Functionalizer:
 # ops changing a tensor's layout in place that are not in-place view ops (keyed by op)
 LAYOUT_RULES: dict[Any, Callable[[Functionalizer, Node], None]] = {
     aten.resize_.default: Functionalizer._resize,
-    aten.set_.source_Tensor: Functionalizer._refuse_layout,
-    aten.set_.source_Storage: Functionalizer._refuse_layout,
-    aten.set_.source_Storage_storage_offset: Functionalizer._refuse_layout,
-    aten.set_.source_Tensor_storage_offset: Functionalizer._refuse_layout,
-    aten.set_.default: Functionalizer._refuse_layout,
+    aten.set_.source_Tensor: Functionalizer._set_source,
+    aten.set_.source_Storage: Functionalizer._refuse_storage,
+    aten.set_.source_Storage_storage_offset: Functionalizer._refuse_storage,
+    aten.set_.source_Tensor_storage_offset: Functionalizer._refuse_storage,
+    aten.set_.default: Functionalizer._refuse_storage,
 }
 
 

@@ -10,6 +10,7 @@ the graphs match torch.export's.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -117,6 +118,74 @@ INVERSES: dict[Any, Inverse] = {
     aten.alias.default: _identity,
     aten.detach.default: _identity,
 }
+
+
+# views returning a list: (emit, step, base, new value of piece ``index``, mapped args, index)
+PieceInverse = Callable[[Emit, ViewStep, Node, Node, tuple, int], Node]
+
+
+def _split_back(
+    emit: Emit, step: ViewStep, base: Node, src: Node, rest: tuple, index: int
+) -> Node:
+    size = rest[0]
+    dim = (rest[1] if len(rest) > 1 else 0) % step.base_val.dim()
+    start = size * index
+    end = min(start + size, step.base_val.shape[dim])
+    return emit(aten.slice_scatter.default, (base, src, dim, start, end), {})
+
+
+def _split_sizes_back(
+    emit: Emit, step: ViewStep, base: Node, src: Node, rest: tuple, index: int
+) -> Node:
+    sizes = rest[0]
+    dim = (rest[1] if len(rest) > 1 else 0) % step.base_val.dim()
+    start = sum(sizes[:index])
+    return emit(aten.slice_scatter.default, (base, src, dim, start, start + sizes[index]), {})
+
+
+def _unbind_back(
+    emit: Emit, step: ViewStep, base: Node, src: Node, rest: tuple, index: int
+) -> Node:
+    dim = rest[0] if rest else 0
+    return emit(aten.select_scatter.default, (base, src, dim, index), {})
+
+
+PIECE_INVERSES: dict[Any, PieceInverse] = {
+    aten.split.Tensor: _split_back,
+    aten.split_with_sizes.default: _split_sizes_back,
+    aten.unbind.int: _unbind_back,
+}
+
+
+def invertible(chain: tuple[ViewStep, ...]) -> bool:
+    """Every step has an inverse (a piece of a list view counts with the view making it)."""
+    for i, step in enumerate(chain):
+        if step.target is operator.getitem:
+            if i == 0 or chain[i - 1].target not in PIECE_INVERSES:
+                return False
+        elif step.target not in INVERSES and step.target not in PIECE_INVERSES:
+            return False
+    return True
+
+
+def scatter_back(
+    emit: Emit, chain: tuple[ViewStep, ...], bases: list[Node], src: Node,
+    map_arg: Callable[[Any], Any],
+) -> Node:
+    """The new base value after ``src`` is written into the view ``chain`` of it; ``bases[i]``
+    is the value step ``i`` applies to. ``invertible(chain)`` must hold."""
+    index = None
+    for step, base in zip(reversed(chain), reversed(bases)):
+        if step.target is operator.getitem:
+            index = step.args[0]  # the list view before it puts the piece back
+            continue
+        rest = map_arg(step.args)
+        if index is not None:
+            src = PIECE_INVERSES[step.target](emit, step, base, src, rest, index)
+            index = None
+        else:
+            src = INVERSES[step.target](emit, step, base, src, rest)
+    return src
 
 
 def contiguous_strides(size: list[int]) -> list[int]:

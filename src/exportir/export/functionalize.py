@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from exportir.export._view_steps import INVERSES, ViewStep
+from exportir.export._view_steps import ViewStep, invertible, scatter_back
 from exportir.export.fake import FakeConverter, run_fake
 from exportir.fx import Graph, Node
 
@@ -352,14 +352,12 @@ class Functionalizer:
             self.read(target)
 
     def _scatter_up(self, owner: Node, chain: tuple[ViewStep, ...], src: Node) -> Node:
-        if not all(step.target in INVERSES for step in chain):
+        if not invertible(chain):
             return self._as_strided_scatter(owner, chain[-1], src)
         bases = [self.base[owner]]  # the views between are made afresh, as torch does
         for step in chain[:-1]:
             bases.append(self._apply(step, bases[-1]))
-        for step, base in zip(reversed(chain), reversed(bases)):
-            src = INVERSES[step.target](self.emit, step, base, src, self.map_arg(step.args))
-        return src
+        return scatter_back(self.emit, chain, bases, src, self.map_arg)
 
     def _as_strided_scatter(self, owner: Node, step: ViewStep, src: Node) -> Node:
         val = step.val
@@ -481,8 +479,8 @@ class Functionalizer:
             f"{n.target.name()} changes the shape of {self.describe(y)} in place.\n"
             f"  {n.meta.get('stack_trace', '')}\n"
             "An exported program cannot change the shape or strides of its inputs and buffers "
-            "(torch.export refuses this too). Use the out-of-place form and keep the result in "
-            "a new variable (e.g. y = x.unsqueeze(0) instead of x.unsqueeze_(0))."
+            "(torch.export cannot lower this either). Use the out-of-place form and keep the "
+            "result in a new variable (e.g. y = x.unsqueeze(0) instead of x.unsqueeze_(0))."
         )
 
     def _resize(self, n: Node) -> None:
@@ -521,13 +519,17 @@ class Functionalizer:
         self.alias[y] = self.alias[self.resolve(n.args[1])].like()
         self.same[n] = y
 
-    def _refuse_storage(self, n: Node) -> None:
-        raise FunctionalizationError(
-            f"{n.target.name()} points a tensor at a raw storage (or at a part of one), which "
-            f"export cannot express functionally.\n  {n.meta.get('stack_trace', '')}\n"
-            "Set it to a whole tensor (y.set_(source)) or use the tensor itself "
-            "(y = source, y = source.as_strided(size, stride))."
-        )
+    def _set_empty(self, n: Node) -> None:
+        """``y.set_()``: ``y`` becomes an empty tensor of its own (the functional ``set``)."""
+        y = self.resolve(n.args[0])
+        self._check_not_input(n, y)
+        if self.alias[y].chain:
+            raise FunctionalizationError(
+                f"set_() empties a view of another tensor, which export cannot express.\n"
+                f"  {n.meta.get('stack_trace', '')}\n"
+                "Make a new empty tensor instead (y = y.new_empty(0))."
+            )
+        self._mutation(n)
 
     # -- value mutations --------------------------------------------------------------------
 
@@ -590,10 +592,7 @@ class Functionalizer:
 LAYOUT_RULES: dict[Any, Callable[[Functionalizer, Node], None]] = {
     aten.resize_.default: Functionalizer._resize,
     aten.set_.source_Tensor: Functionalizer._set_source,
-    aten.set_.source_Storage: Functionalizer._refuse_storage,
-    aten.set_.source_Storage_storage_offset: Functionalizer._refuse_storage,
-    aten.set_.source_Tensor_storage_offset: Functionalizer._refuse_storage,
-    aten.set_.default: Functionalizer._refuse_storage,
+    aten.set_.default: Functionalizer._set_empty,
 }
 
 

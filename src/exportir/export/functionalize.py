@@ -2,17 +2,25 @@
 
 Input: the graph capture recorded, where in-place ops (``add_``), ``out=`` ops and ops with
 mutable arguments (``_native_batch_norm_legit``) write into tensors, possibly through views
-(``x[0].add_(1)``, ``x.view(-1).mul_(2)``). Output: a new graph where
+(``x[0].add_(1)``, ``x.view(-1).mul_(2)``), and in-place view ops change a tensor's layout
+(``y.unsqueeze_(0)``, ``y.t_()``, ATen's own ``as_strided_``, ``resize_``, ``set_``). Output: a
+new graph where
 
 - every mutating op is replaced by its functional variant (``add_`` -> ``add``, ``add.out`` ->
   ``add.Tensor``, ``_native_batch_norm_legit`` -> ``_native_batch_norm_legit_functional``);
-- a write through a view is propagated to the view's base with the inverse ``*_scatter`` op
-  (``select_scatter``, ``slice_scatter``...) or inverse view, and later reads of any alias of that
-  base regenerate the view from the new base;
+- every tensor is its storage plus the view steps leading to it from the storage's base value
+  (torch's FunctionalTensorWrapper with its ViewMeta list, _view_steps.py). An in-place view op
+  appends a step: after ``y.unsqueeze_(0)``, ``y`` is ``unsqueeze(y as it was)`` of the same
+  storage, and stays one for every later read and write;
+- a write through a view goes back to the storage's base through the inverse of each step
+  (``select_scatter``, ``slice_scatter``, ``squeeze`` for ``unsqueeze``...; torch's inverses),
+  the written view is regenerated from the new base at once, and any other alias read later
+  replays its whole chain from the new base, as torch does;
 - the final values of mutated buffers and user inputs are returned as extra outputs, placed
   before the user outputs in input order (BUFFER_MUTATION, USER_INPUT_MUTATION), like torch.export.
 
-Views of unmutated tensors stay views, as the ATen dialect allows.
+Views of unmutated tensors stay views, as the ATen dialect allows. Changing the shape of a graph
+input or buffer in place is refused (torch.export cannot lower it either).
 """
 
 from __future__ import annotations

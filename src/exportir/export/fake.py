@@ -450,25 +450,15 @@ def layout_of(t: torch.Tensor) -> tuple:
 def _follow_twin(fake: FakeTensor) -> None:
     """An in-place op changed the twin's layout (``y.unsqueeze_(0)``, ``as_strided_``, an
     ``out=`` tensor resized by its op): the wrapper reports the new layout, as the tensor would.
-    A wrapper whose (dataless) storage is too small moves onto a fresh one large enough."""
+    The wrapper's own (dataless) storage is re-set with the meta kernel of ``set_``, which takes
+    symbolic sizes and grows the storage's byte count when needed."""
     meta = fake._meta
     if layout_of(fake) == layout_of(meta):
         return
     size, stride, offset = meta.size(), meta.stride(), meta.storage_offset()
-    with _no_modes():
-        try:
-            aten.as_strided_.default(fake, size, stride, offset)
-            return
-        except RuntimeError as err:
-            if "out of bounds for storage" not in str(err):
-                raise
-    room = torch.Tensor._make_wrapper_subclass(
-        FakeTensor, size, strides=stride, storage_offset=offset, dtype=meta.dtype,
-        device=fake.fake_device,
-    )
-    with _no_modes():
+    with _no_modes(), torch._C._IncludeDispatchKeyGuard(torch._C.DispatchKey.Meta):
         aten.set_.source_Storage_storage_offset(
-            fake, room.untyped_storage(), offset, size, stride
+            fake, fake.untyped_storage(), offset, size, stride
         )
 
 

@@ -188,10 +188,18 @@ def _call_for(target: Any, bound: dict) -> tuple[tuple, dict]:
         if a.name not in bound:
             continue
         if a.kwarg_only:
-            kwargs[a.name] = bound[a.name]
+            if not _is_default(a, bound[a.name]):  # torch leaves defaults out too
+                kwargs[a.name] = bound[a.name]
         else:
             args.append(bound[a.name])
     return tuple(args), kwargs
+
+
+def _is_default(arg: Any, value: Any) -> bool:
+    if not arg.has_default_value() or isinstance(value, Node):
+        return False
+    default = arg.default_value
+    return type(value) is type(default) and value == default
 
 
 def _bind(node: Node) -> dict:

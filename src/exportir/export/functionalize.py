@@ -474,15 +474,16 @@ class Functionalizer:
     def _inplace_view(self, n: Node, target: Any) -> None:
         """``y.unsqueeze_(0)``: from now on ``y`` is ``unsqueeze(y as it was)``, a view of the
         same storage (torch's functionalization appends a ViewMeta to ``y``)."""
-        step = ViewStep(target, tuple(n.args[1:]), dict(n.kwargs), None, n.meta.get("val"))
-        self._push_step(n, step)
+        self._push_step(n, target, tuple(n.args[1:]), dict(n.kwargs))
 
-    def _push_step(self, n: Node, step: ViewStep) -> None:
+    def _push_step(self, n: Node, target: Any, args: tuple, kwargs: dict) -> None:
+        """``n`` changed the layout of its first argument ``y`` in place: ``y`` is now
+        ``target(y as it was, *args, **kwargs)``."""
         y = self.resolve(n.args[0])
         self._check_not_input(n, y)
         alias = self.alias[y]
-        step = ViewStep(step.target, step.args, step.kwargs, alias.val, step.val)
-        new = self._apply(step, self.read(y), _COMPUTE if step.val is None else step.val)
+        step = ViewStep(target, args, kwargs, alias.val, n.meta["val"])
+        new = self._apply(step, self.read(y), step.val)
         alias.chain = alias.chain + (step,)
         alias.val = new.meta["val"]
         alias.value, alias.version = new, self.version[alias.owner]
@@ -515,8 +516,7 @@ class Functionalizer:
         alias = self.alias[y]
         room = self.base[alias.owner].meta["val"].numel()
         if val.storage_offset() + val.numel() <= room:
-            step = ViewStep(aten.as_strided.default, (size, stride), {}, None, val)
-            self._push_step(n, step)
+            self._push_step(n, aten.as_strided.default, (size, stride), {})
             return
         if alias.chain:
             raise FunctionalizationError(

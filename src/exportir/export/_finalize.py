@@ -7,6 +7,7 @@ output with the signature classes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -37,7 +38,7 @@ _RANK = {"parameter": 0, "buffer": 1, "constant": 2, "user": 3}
 def finalize(
     rec: Recorder, reassigned: dict[str, Node]
 ) -> tuple[GraphModule, ExportGraphSignature]:
-    fz, old_out = functionalize(rec.graph)
+    fz, old_out = functionalize(rec.graph, _describer(rec))
     lifted_of = {fz.placeholders[old]: lifted for old, lifted in rec.inputs.items()}
     mutations = _mutations(fz, rec, reassigned)
     user_outputs = [fz.map_arg(a) for a in old_out.args[0]]
@@ -48,6 +49,18 @@ def finalize(
     graph.eliminate_dead_code()
     signature = _signature(graph, lifted_of, mutations, user_outputs)
     return GraphModule(torch.nn.Module(), graph), signature
+
+
+def _describer(rec: Recorder) -> Callable[[Node], str]:
+    """Names a captured placeholder in error messages: ``input 'x'``, ``buffer 'bn.running_mean'``."""
+
+    def describe(placeholder: Node) -> str:
+        lifted = rec.inputs.get(placeholder)
+        if lifted is None or lifted.kind == "user":
+            return f"input '{placeholder.name}'"
+        return f"{lifted.kind} '{lifted.target}'"
+
+    return describe
 
 
 def _mutations(

@@ -36,6 +36,34 @@ def retrace(
 ) -> GraphModule:
     """Re-run a captured graph through the recorder, decomposing ops found in the table.
 
+    See :func:`_retrace_once`. Functionalizing the result can make ops the table names (the
+    view ops of in-place view ops a decomposition used: ``stft``'s ``transpose_`` becomes a
+    ``transpose``); as torch's decomposition decomposes what its functionalization makes, a
+    second pass over the (now functional) graph decomposes those.
+    """
+    out = _retrace_once(
+        gm, flat_fake_inputs, decomposition_table=decomposition_table,
+        mutation_outputs=mutation_outputs,
+    )  # fmt: skip
+    if not decomposition_table or not _calls_any(out, decomposition_table):
+        return out
+    fakes = [n.meta["val"] for n in out.graph.find_nodes(op="placeholder")]
+    return _retrace_once(out, fakes, decomposition_table=decomposition_table)
+
+
+def _calls_any(gm: GraphModule, table: dict) -> bool:
+    return any(n.op == "call_function" and n.target in table for n in gm.graph.nodes)
+
+
+def _retrace_once(
+    gm: GraphModule,
+    flat_fake_inputs: list,
+    *,
+    decomposition_table: dict | None = None,
+    mutation_outputs: frozenset[str] = frozenset(),
+) -> GraphModule:
+    """Re-run a captured graph through the recorder, decomposing ops found in the table.
+
     Placeholders keep their names and order and outputs keep their order, so the graph
     signature carries over position by position. Every recorded node copies ``stack_trace``,
     ``nn_module_stack`` and ``source_fn_stack`` from the node it came from. The result is

@@ -32,6 +32,7 @@ from exportir.export._composite import (
     with_grad_of,
 )
 from exportir.export._inputs import bind_inputs, flatten_with_names, forward_arg_names
+from exportir.export._layout_watch import LayoutWatch
 from exportir.export._node_meta import (
     ModuleCalls,
     TorchFunctions,
@@ -240,7 +241,9 @@ class Recorder:
     def run_and_record(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """The default rule: run ``func`` on fakes; a node when the result holds tensors."""
         _check_mutations(self, func, args, kwargs)
+        watch = LayoutWatch(func, args, kwargs)  # in-place layout changes keep recorded vals
         out = run_fake(func, args, kwargs, self.converter)
+        watch.settle(self.graph)
         if isinstance(out, _SYM_TYPES):  # .item(): the node binds an unbacked symbol
             self._track_sym(out.node, self.record(func, args, kwargs, out))
             return out

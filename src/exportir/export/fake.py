@@ -438,10 +438,40 @@ def _wrap(meta_out: Any, fakes: dict[int, FakeTensor], device: torch.device) -> 
             return x
         same = fakes.get(id(x))  # in-place / out= ops hand back their argument
         if same is not None:
+            _follow_twin(same)
             return same
         return FakeTensor(x, device)
 
     return _map(wrap, meta_out)
+
+
+def layout_of(t: torch.Tensor) -> tuple:
+    """Sizes, strides and storage offset as comparable values (symbols as expressions, so
+    comparing two layouts records no guard)."""
+
+    def key(s: Any) -> Any:
+        return s.node.expr if isinstance(s, torch.SymInt) else s
+
+    return (
+        tuple(key(s) for s in t.shape),
+        tuple(key(s) for s in t.stride()),
+        key(t.storage_offset()),
+    )
+
+
+def _follow_twin(fake: FakeTensor) -> None:
+    """An in-place op changed the twin's layout (``y.unsqueeze_(0)``, ``as_strided_``, an
+    ``out=`` tensor resized by its op): the wrapper reports the new layout, as the tensor would.
+    The wrapper's own (dataless) storage is re-set with the meta kernel of ``set_``, which takes
+    symbolic sizes and grows the storage's byte count when needed."""
+    meta = fake._meta
+    if layout_of(fake) == layout_of(meta):
+        return
+    size, stride, offset = meta.size(), meta.stride(), meta.storage_offset()
+    with _no_modes(), torch._C._IncludeDispatchKeyGuard(torch._C.DispatchKey.Meta):
+        aten.set_.source_Storage_storage_offset(
+            fake, fake.untyped_storage(), offset, size, stride
+        )
 
 
 # --- the mode ----------------------------------------------------------------------------

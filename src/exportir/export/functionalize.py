@@ -2,17 +2,25 @@
 
 Input: the graph capture recorded, where in-place ops (``add_``), ``out=`` ops and ops with
 mutable arguments (``_native_batch_norm_legit``) write into tensors, possibly through views
-(``x[0].add_(1)``, ``x.view(-1).mul_(2)``). Output: a new graph where
+(``x[0].add_(1)``, ``x.view(-1).mul_(2)``), and in-place view ops change a tensor's layout
+(``y.unsqueeze_(0)``, ``y.t_()``, ATen's own ``as_strided_``, ``resize_``, ``set_``). Output: a
+new graph where
 
 - every mutating op is replaced by its functional variant (``add_`` -> ``add``, ``add.out`` ->
   ``add.Tensor``, ``_native_batch_norm_legit`` -> ``_native_batch_norm_legit_functional``);
-- a write through a view is propagated to the view's base with the inverse ``*_scatter`` op
-  (``select_scatter``, ``slice_scatter``...) or inverse view, and later reads of any alias of that
-  base regenerate the view from the new base;
+- every tensor is its storage plus the view steps leading to it from the storage's base value
+  (torch's FunctionalTensorWrapper with its ViewMeta list, _view_steps.py). An in-place view op
+  appends a step: after ``y.unsqueeze_(0)``, ``y`` is ``unsqueeze(y as it was)`` of the same
+  storage, and stays one for every later read and write;
+- a write through a view goes back to the storage's base through the inverse of each step
+  (``select_scatter``, ``slice_scatter``, ``squeeze`` for ``unsqueeze``...; torch's inverses),
+  the written view is regenerated from the new base at once, and any other alias read later
+  replays its whole chain from the new base, as torch does;
 - the final values of mutated buffers and user inputs are returned as extra outputs, placed
   before the user outputs in input order (BUFFER_MUTATION, USER_INPUT_MUTATION), like torch.export.
 
-Views of unmutated tensors stay views, as the ATen dialect allows.
+Views of unmutated tensors stay views, as the ATen dialect allows. Changing the shape of a graph
+input or buffer in place is refused (torch.export cannot lower it either).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from typing import Any
 import torch
 
 from exportir.export._node_meta import node_name
+from exportir.export._view_steps import ViewStep, invertible, scatter_back
 from exportir.export.fake import FakeConverter, run_fake
 from exportir.fx import Graph, Node
 
@@ -180,10 +189,18 @@ def _call_for(target: Any, bound: dict) -> tuple[tuple, dict]:
         if a.name not in bound:
             continue
         if a.kwarg_only:
-            kwargs[a.name] = bound[a.name]
+            if not _is_default(a, bound[a.name]):  # torch leaves defaults out too
+                kwargs[a.name] = bound[a.name]
         else:
             args.append(bound[a.name])
     return tuple(args), kwargs
+
+
+def _is_default(arg: Any, value: Any) -> bool:
+    if not arg.has_default_value() or isinstance(value, Node):
+        return False
+    default = arg.default_value
+    return type(value) is type(default) and value == default
 
 
 def _bind(node: Node) -> dict:
@@ -235,85 +252,22 @@ REWRITES: dict[Any, Callable[[Node], Rewrite | None]] = {
 # ``detach`` stay: torch's functional graphs keep them as view nodes)
 TRANSPARENT = {aten.lift_fresh.default}
 
-# ops changing a tensor's shape/strides in place: not expressible by value rewriting
-METADATA_MUTATIONS = {
-    aten.resize_.default,
-    aten.set_.source_Tensor,
-    aten.transpose_.default,
-    aten.t_.default,
-    aten.unsqueeze_.default,
-    aten.squeeze_.default,
-    aten.squeeze_.dim,
-    aten.as_strided_.default,
-}
-
-
 def _needs_rewrite(node: Node) -> bool:
     return node.target in REWRITES or bool(_written_args(node.target))
 
 
-# --- inverse views -------------------------------------------------------------------------
-
-# (old view node, new base, new src, the view's other args mapped to the new graph) -> call
-Scatter = Callable[[Node, Node, Node, tuple], tuple[Any, tuple, dict]]
-
-
-def _select(v: Node, base: Node, src: Node, rest: tuple) -> tuple:
-    return aten.select_scatter.default, (base, src, *rest[:2]), {}
-
-
-def _slice(v: Node, base: Node, src: Node, rest: tuple) -> tuple:
-    return aten.slice_scatter.default, (base, src, *rest), {}
-
-
-def _diagonal(v: Node, base: Node, src: Node, rest: tuple) -> tuple:
-    return aten.diagonal_scatter.default, (base, src, *rest), {}
-
-
-def _as_strided(v: Node, base: Node, src: Node, rest: tuple) -> tuple:
-    return aten.as_strided_scatter.default, (base, src, *rest), {}
-
-
-def _view_back(v: Node, base: Node, src: Node, rest: tuple) -> tuple:
-    return aten.view.default, (src, list(v.args[0].meta["val"].shape)), {}
-
-
-def _permute_back(v: Node, base: Node, src: Node, rest: tuple) -> tuple:
-    dims = list(v.args[1])
-    inverse = [0] * len(dims)
-    for i, d in enumerate(dims):
-        inverse[d % len(dims)] = i
-    return aten.permute.default, (src, inverse), {}
-
-
-def _same_op(v: Node, base: Node, src: Node, rest: tuple) -> tuple:
-    return v.target, (src, *rest), {}
-
-
-def _identity(v: Node, base: Node, src: Node, rest: tuple) -> tuple:
-    return None, (src,), {}
-
-
-SCATTERS: dict[Any, Scatter] = {
-    aten.select.int: _select,
-    aten.slice.Tensor: _slice,
-    aten.diagonal.default: _diagonal,
-    aten.as_strided.default: _as_strided,
-    aten.view.default: _view_back,
-    aten._unsafe_view.default: _view_back,
-    aten.reshape.default: _view_back,
-    aten.unsqueeze.default: _view_back,
-    aten.squeeze.dim: _view_back,
-    aten.squeeze.dims: _view_back,
-    aten.squeeze.default: _view_back,
-    aten.flatten.using_ints: _view_back,
-    aten.unflatten.int: _view_back,
-    aten.permute.default: _permute_back,
-    aten.transpose.int: _same_op,
-    aten.t.default: _same_op,
-    aten.alias.default: _same_op,  # torch writes back through an alias with an alias
-    aten.detach.default: _identity,
-}
+@cache
+def inplace_view_target(func: Any) -> Any:
+    """The view op an in-place view op applies (``unsqueeze_`` -> ``unsqueeze``,
+    ``as_strided_`` -> ``as_strided``), or None when ``func`` is not one."""
+    schema = getattr(func, "_schema", None)
+    if schema is None or not schema.name.endswith("_") or _written_args(func) != (0,):
+        return None
+    try:
+        variant = functional_variant(func)
+    except FunctionalizationError:
+        return None
+    return variant if _is_view_op(variant) else None
 
 
 def _rebuild(like: list | tuple, items: list) -> list | tuple:
@@ -324,22 +278,50 @@ def _rebuild(like: list | tuple, items: list) -> list | tuple:
 # --- the pass ------------------------------------------------------------------------------
 
 
-class Functionalizer:
-    """Copies ``old`` into a new graph, replacing mutations by values (see module docstring)."""
+class _Alias:
+    """One tensor of the captured graph (torch's FunctionalTensorWrapper): the storage it lives
+    in (named by the node that made the storage), the view steps from the storage's base value
+    to it (an in-place view op extends them), its current layout ``val`` (a fake), and the new
+    node holding its value as of storage version ``version``."""
 
-    def __init__(self, old: Graph) -> None:
+    __slots__ = ("chain", "owner", "val", "value", "version")
+
+    def __init__(
+        self, owner: Node, chain: tuple[ViewStep, ...], val: Any, value: Node, version: int
+    ) -> None:
+        self.owner, self.chain, self.val = owner, chain, val
+        self.value, self.version = value, version
+
+    def like(self) -> _Alias:
+        """Another tensor over the same view of the same storage (``alias``, ``detach``)."""
+        return _Alias(self.owner, self.chain, self.val, self.value, self.version)
+
+
+Describe = Callable[[Node], str]
+
+
+def _describe_input(placeholder: Node) -> str:
+    return f"graph input '{placeholder.name}'"
+
+
+class Functionalizer:
+    """Copies ``old`` into a new graph, replacing mutations by values (see module docstring).
+
+    ``describe`` names a placeholder of ``old`` in error messages (``"buffer 'running_mean'"``).
+    """
+
+    def __init__(self, old: Graph, describe: Describe | None = None) -> None:
         self.old = old
         self.new = Graph()
-        self.value: dict[Node, Node] = {}  # old node -> new node with its current value
-        self.root: dict[Node, Node] = {}  # old node -> old node owning its storage
-        self.chain: dict[Node, tuple[Node, ...]] = {}  # old view -> views from root to it
-        self.version: dict[Node, int] = {}  # old root -> number of writes so far
-        self.stamp: dict[Node, int] = {}  # old view -> root version its value was made at
+        self.alias: dict[Node, _Alias] = {}  # old node -> its storage and view steps
+        self.version: dict[Node, int] = {}  # storage (its owner node) -> number of writes so far
+        self.base: dict[Node, Node] = {}  # storage (its owner node) -> new node of its value
         self.same: dict[Node, Node] = {}  # old in-place/out= result -> the argument it returns
         self.converter = FakeConverter()
         self.origin: Node | None = None
         self.placeholders: dict[Node, Node] = {}  # old placeholder -> new placeholder
         self.items: dict[Node, list[Node | None]] = {}  # old rewritten call -> its getitems
+        self.describe = describe or _describe_input
 
     # -- reading and writing values ----------------------------------------------------------
 
@@ -349,20 +331,24 @@ class Functionalizer:
         return n
 
     def read(self, n: Node) -> Node:
-        n = self.resolve(n)
-        root = self.root.get(n, n)
-        if n is root or self.stamp.get(n) == self.version[root]:
-            return self.value[n]
-        chain = self.chain[n]
-        parent = chain[-2] if len(chain) > 1 else root
-        base = self.read(parent)
-        fresh = self.emit(n.target, (base, *map(self.map_arg, n.args[1:])), self._map_kwargs(n))
-        for key in _META_KEYS:  # regenerated for the output node, which has no source
-            if key not in fresh.meta and key in n.meta:
-                fresh.meta[key] = n.meta[key]
-        self.value[n] = fresh
-        self.stamp[n] = self.version[root]
-        return fresh
+        """The new node holding ``n``'s current value; a view of a storage written since it
+        was last read is regenerated from the storage's value (its whole chain, as torch)."""
+        alias = self.alias[self.resolve(n)]
+        version = self.version[alias.owner]
+        if alias.version != version:
+            alias.value = self._replay(alias.owner, alias.chain)
+            alias.version = version
+        return alias.value
+
+    def _replay(self, owner: Node, chain: tuple[ViewStep, ...]) -> Node:
+        value = self.base[owner]
+        for step in chain:
+            value = self._apply(step, value)
+        return value
+
+    def _apply(self, step: ViewStep, base: Node, val: Any = _COMPUTE) -> Node:
+        args = (base, *self.map_arg(step.args))
+        return self.emit(step.target, args, self.map_arg_dict(step.kwargs), val)
 
     def map_arg(self, a: Any) -> Any:
         if isinstance(a, Node):
@@ -371,36 +357,30 @@ class Functionalizer:
             return _rebuild(a, [self.map_arg(x) for x in a])
         return a
 
-    def _map_kwargs(self, n: Node) -> dict:
-        return {k: self.map_arg(v) for k, v in n.kwargs.items()}
+    def map_arg_dict(self, kwargs: dict) -> dict:
+        return {k: self.map_arg(v) for k, v in kwargs.items()}
 
     def write(self, target: Node, new_value: Node) -> None:
-        target = self.resolve(target)
-        root = self.root.get(target, target)
-        chain = self.chain.get(target, ())
-        if chain:
-            new_root = self._scatter_up(root, chain, new_value)
-        else:
-            new_root = new_value
-        self.version[root] = self.version.get(root, 0) + 1
-        self.value[root] = new_root
-        if target is not root:
-            self.value[target] = new_value
-            self.stamp[target] = self.version[root]
+        alias = self.alias[self.resolve(target)]
+        owner, chain = alias.owner, alias.chain
+        new_base = self._scatter_up(owner, chain, new_value) if chain else new_value
+        self.version[owner] += 1
+        self.base[owner] = new_base
+        if chain:  # the written view is regenerated from the new base at once, as torch does
+            self.read(target)
 
-    def _scatter_up(self, root: Node, chain: tuple[Node, ...], src: Node) -> Node:
-        if not all(v.target in SCATTERS for v in chain):
-            return self._as_strided_scatter(root, chain[-1], src)
-        bases = [self.read(root)] + [self.read(v) for v in chain[:-1]]
-        for view, base in zip(reversed(chain), reversed(bases)):
-            rest = self.map_arg(tuple(view.args[1:]))
-            target, args, kwargs = SCATTERS[view.target](view, base, src, rest)
-            src = args[0] if target is None else self.emit(target, args, kwargs)
-        return src
+    def _scatter_up(self, owner: Node, chain: tuple[ViewStep, ...], src: Node) -> Node:
+        if not invertible(chain):
+            return self._as_strided_scatter(owner, chain[-1], src)
+        bases = [self.base[owner]]  # the views between are made afresh, as torch does
+        for step in chain[:-1]:
+            bases.append(self._apply(step, bases[-1]))
+        return scatter_back(self.emit, chain, bases, src, self.map_arg)
 
-    def _as_strided_scatter(self, root: Node, view: Node, src: Node) -> Node:
-        val = view.meta["val"]
-        args = (self.read(root), src, list(val.shape), list(val.stride()), val.storage_offset())
+    def _as_strided_scatter(self, owner: Node, step: ViewStep, src: Node) -> Node:
+        val = step.val
+        size, stride = list(val.shape), list(val.stride())
+        args = (self.base[owner], src, size, stride, val.storage_offset())
         return self.emit(aten.as_strided_scatter.default, args, {})
 
     # -- emitting nodes ----------------------------------------------------------------------
@@ -444,43 +424,131 @@ class Functionalizer:
                 raise FunctionalizationError(f"unexpected {n.op} node {n.name} in a captured graph")
         raise FunctionalizationError("captured graph has no output node")
 
+    def _own(self, n: Node, new: Node) -> None:
+        """``n`` is a fresh value in a storage of its own, held by ``new``."""
+        self.alias[n] = _Alias(n, (), n.meta.get("val"), new, 0)
+        self.version[n] = 0
+        self.base[n] = new
+
     def _placeholder(self, n: Node) -> None:
         new = self.new.placeholder(n.name)
         new.meta.update(n.meta)
-        self.value[n] = new
-        self.version[n] = 0
+        self._own(n, new)
         self.placeholders[n] = new
 
     def _call(self, n: Node) -> None:
-        if n.target in METADATA_MUTATIONS:
-            raise FunctionalizationError(
-                f"{n.target.name()} changes a tensor's shape in place, which export cannot "
-                f"express functionally.\n  {n.meta.get('stack_trace', '')}\n"
-                "Use the out-of-place form (e.g. x = x.unsqueeze(0)) instead."
-            )
+        layout_rule = LAYOUT_RULES.get(n.target)
+        if layout_rule is not None:
+            layout_rule(self, n)
+            return
+        view_target = None if n.target in REWRITES else inplace_view_target(n.target)
+        if view_target is not None:
+            self._inplace_view(n, view_target)
+            return
         if _needs_rewrite(n):
             self._mutation(n)
             return
         if n.target is operator.getitem and n.args[0] in self.items:
-            self.value[n] = self.items[n.args[0]][n.args[1]]
-            self.version[n] = 0
+            self._own(n, self.items[n.args[0]][n.args[1]])
             return
         if n.target in TRANSPARENT and isinstance(n.args[0], Node):
-            self.same[n] = n.args[0]  # same value, no node: torch drops these too
+            base = self.alias[self.resolve(n.args[0])]  # same value, no node: torch drops these
+            self.alias[n] = base.like()
             return
+        self._copy(n)
+
+    def _copy(self, n: Node) -> None:
+        """An op without mutation; a view joins its base's storage."""
         base = view_base(n)
-        new = self.emit(
-            n.target, self.map_arg(n.args), self._map_kwargs(n), n.meta.get("val", _COMPUTE)
+        val = n.meta.get("val", _COMPUTE)
+        new = self.emit(n.target, self.map_arg(n.args), self.map_arg_dict(n.kwargs), val)
+        if base is None:
+            self._own(n, new)
+            return
+        of = self.alias[self.resolve(base)]
+        step = ViewStep(n.target, tuple(n.args[1:]), dict(n.kwargs), of.val, n.meta.get("val"))
+        chain = of.chain + (step,)
+        self.alias[n] = _Alias(of.owner, chain, step.val, new, self.version[of.owner])
+
+    # -- in-place changes of a tensor's layout ------------------------------------------------
+
+    def _inplace_view(self, n: Node, target: Any) -> None:
+        """``y.unsqueeze_(0)``: from now on ``y`` is ``unsqueeze(y as it was)``, a view of the
+        same storage (torch's functionalization appends a ViewMeta to ``y``)."""
+        self._push_step(n, target, tuple(n.args[1:]), dict(n.kwargs))
+
+    def _push_step(self, n: Node, target: Any, args: tuple, kwargs: dict) -> None:
+        """``n`` changed the layout of its first argument ``y`` in place: ``y`` is now
+        ``target(y as it was, *args, **kwargs)``."""
+        y = self.resolve(n.args[0])
+        self._check_not_input(n, y)
+        alias = self.alias[y]
+        step = ViewStep(target, args, kwargs, alias.val, n.meta["val"])
+        new = self._apply(step, self.read(y), step.val)
+        alias.chain = alias.chain + (step,)
+        alias.val = new.meta["val"]
+        alias.value, alias.version = new, self.version[alias.owner]
+        self.same[n] = y
+
+    def _check_not_input(self, n: Node, y: Node) -> None:
+        if y not in self.placeholders:
+            return
+        raise FunctionalizationError(
+            f"{n.target.name()} changes the shape of {self.describe(y)} in place.\n"
+            f"  {n.meta.get('stack_trace', '')}\n"
+            "An exported program cannot change the shape or strides of its inputs and buffers "
+            "(torch.export cannot lower this either). Use the out-of-place form and keep the "
+            "result in a new variable (e.g. y = x.unsqueeze(0) instead of x.unsqueeze_(0))."
         )
-        self.value[n] = new
-        if base is not None:
-            base = self.resolve(base)
-            root = self.root.get(base, base)
-            self.root[n] = root
-            self.chain[n] = self.chain.get(base, ()) + (n,)
-            self.stamp[n] = self.version.setdefault(root, 0)
-        else:
-            self.version[n] = 0
+
+    def _resize(self, n: Node) -> None:
+        """``resize_``: a view (``as_strided`` with the new layout) while the storage is large
+        enough, else the functional ``resize`` replaces the storage, as torch does."""
+        y = self.resolve(n.args[0])
+        self._check_not_input(n, y)
+        val = n.meta.get("val")
+        layout = (*val.shape, *val.stride(), val.storage_offset())
+        if not all(isinstance(s, int) for s in layout):
+            raise FunctionalizationError(
+                f"resize_ to a symbolic size cannot be exported.\n  {n.meta.get('stack_trace', '')}"
+                "\nUse an out-of-place op that makes the tensor you need (reshape, new_empty)."
+            )
+        size, stride = list(val.shape), list(val.stride())
+        alias = self.alias[y]
+        room = self.base[alias.owner].meta["val"].numel()
+        if val.storage_offset() + val.numel() <= room:
+            self._push_step(n, aten.as_strided.default, (size, stride), {})
+            return
+        if alias.chain:
+            raise FunctionalizationError(
+                f"resize_ grows a view of another tensor, which export cannot express.\n"
+                f"  {n.meta.get('stack_trace', '')}\nResize a tensor of its own (y = y.clone()) or "
+                "make a new one of the size you need (y.new_empty(size))."
+            )
+        self.write(y, self.emit(aten.resize.default, (self.read(y), size), {}))
+        self.same[n] = y
+
+    def _set_source(self, n: Node) -> None:
+        """``y.set_(src)``: ``y`` becomes another tensor over ``src``'s storage and view, so
+        later writes through either reach both (torch's ``set__impl``)."""
+        y = self.resolve(n.args[0])
+        self._check_not_input(n, y)
+        self.alias[y] = self.alias[self.resolve(n.args[1])].like()
+        self.same[n] = y
+
+    def _set_empty(self, n: Node) -> None:
+        """``y.set_()``: ``y`` becomes an empty tensor of its own (the functional ``set``)."""
+        y = self.resolve(n.args[0])
+        self._check_not_input(n, y)
+        if self.alias[y].chain:
+            raise FunctionalizationError(
+                f"set_() empties a view of another tensor, which export cannot express.\n"
+                f"  {n.meta.get('stack_trace', '')}\n"
+                "Make a new empty tensor instead (y = y.new_empty(0))."
+            )
+        self._mutation(n)
+
+    # -- value mutations --------------------------------------------------------------------
 
     def _mutation(self, n: Node) -> None:
         if n.target is aten.copy_.default and self._whole_copy(n):
@@ -496,12 +564,11 @@ class Functionalizer:
         new = self.emit(
             rewrite.target, self.map_arg(rewrite.args), self.map_arg_dict(rewrite.kwargs)
         )
-        self.version[n] = 0
         items = self._items(n, new)
         # ``rrelu_with_noise`` returns one tensor; its functional variant returns it first,
         # then the new values of the written arguments: the result is item 0
         single = items and not isinstance(n.meta.get("val"), (tuple, list))
-        self.value[n] = items[0] if single else new
+        self._own(n, items[0] if single else new)
         for written, index in rewrite.writes:
             self.write(written, new if index is None else items[index])
         if rewrite.result_alias is not None:
@@ -522,15 +589,15 @@ class Functionalizer:
 
     def _whole_copy(self, n: Node) -> bool:
         dst, src = n.args[0], n.args[1]
-        if not isinstance(src, Node) or self.chain.get(self.resolve(dst)):
+        if not isinstance(src, Node):
             return False
-        d, s = dst.meta.get("val"), src.meta.get("val")
+        d_alias = self.alias[self.resolve(dst)]
+        if d_alias.chain:
+            return False
+        d, s = d_alias.val, self.alias[self.resolve(src)].val
         if not isinstance(d, torch.Tensor) or not isinstance(s, torch.Tensor):
             return False
         return d.shape == s.shape and d.dtype == s.dtype and d.device == s.device
-
-    def map_arg_dict(self, kwargs: dict) -> dict:
-        return {k: self.map_arg(v) for k, v in kwargs.items()}
 
     def mutated_placeholders(self) -> list[Mutation]:
         """Placeholders written to, in input order, with their final values."""
@@ -541,8 +608,17 @@ class Functionalizer:
         return found
 
 
-def functionalize(old: Graph) -> tuple[Functionalizer, Node]:
-    """Run the pass; returns it (new graph, value map, mutations) and the old output node."""
-    pass_ = Functionalizer(old)
+# ops changing a tensor's layout in place that are not in-place view ops (keyed by op)
+LAYOUT_RULES: dict[Any, Callable[[Functionalizer, Node], None]] = {
+    aten.resize_.default: Functionalizer._resize,
+    aten.set_.source_Tensor: Functionalizer._set_source,
+    aten.set_.default: Functionalizer._set_empty,
+}
+
+
+def functionalize(old: Graph, describe: Describe | None = None) -> tuple[Functionalizer, Node]:
+    """Run the pass; returns it (new graph, value map, mutations) and the old output node.
+    ``describe`` names placeholders in error messages."""
+    pass_ = Functionalizer(old, describe)
     out = pass_.run()
     return pass_, out

@@ -3,6 +3,7 @@ range_constraints and numerics on three input sizes."""
 
 import re
 
+import pytest
 import torch
 from torch.export import Dim
 from torch.export import export as torch_export
@@ -94,3 +95,36 @@ def test_custom_op_new_dynamic_size():
     assert str(mul.meta["val"].shape) == "torch.Size([u0])"
     x = torch.tensor([1.0, -1.0, 2.0, -3.0, 4.0])
     torch.testing.assert_close(ep.module()(x), M()(x))
+
+
+class CheckedLogic(torch.nn.Module):
+    """torch._check on a conjunction, a disjunction and a negation of data-dependent facts."""
+
+    def forward(self, x):
+        n = x.sum().int().item()
+        torch._check((n > 0) & (n < 10))
+        torch._check((n < 2) | (n > 3))
+        torch._check(torch.sym_not(n == 7))
+        return torch.zeros(n)
+
+
+def test_checks_joined_by_and_or_not_become_runtime_asserts_as_torch():
+    args = (torch.ones(9) * (torch.arange(9) < 5),)
+    ours = export(CheckedLogic(), args)
+    theirs = torch_export(CheckedLogic(), args)
+
+    def checked(ep):
+        return sorted(n.args[1].split("expression ")[1].split(" on node")[0] for n in ep.graph.nodes
+                      if n.target is torch.ops.aten._assert_scalar.default)
+
+    # one assert per check, a conjunction or disjunction whole, as torch.export emits them
+    # (sympy orders the operands of the printed expressions differently on the two sides)
+    assert len(checked(ours)) == len(checked(theirs)), (checked(ours), checked(theirs))
+    assert {"Ne(u0, 7)", "u0 <= 9", "u0 >= 1"} <= set(checked(ours))
+    assert sum("&" in c for c in checked(ours)) == sum("|" in c for c in checked(ours)) == 1
+    assert ours.module()(torch.ones(9)).shape == theirs.module()(torch.ones(9)).shape == (9,)
+    for bad in (0, 3, 7):  # each clause refuses its own counterexample at run time
+        x = torch.cat([torch.ones(bad), torch.zeros(9 - bad)])
+        for ep in (ours, theirs):
+            with pytest.raises(RuntimeError, match="Runtime assertion failed"):
+                ep.module()(x)

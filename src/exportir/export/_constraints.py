@@ -445,7 +445,8 @@ class _Checker:
             name,
             f"You marked {name} as dynamic but your code specialized it to be a constant "
             f"({value}). If you're using mark_dynamic, either remove it or use maybe_mark_dynamic. "
-            "If you're using Dim.DYNAMIC, replace it with either Dim.STATIC or Dim.AUTO.",
+            "If you're using Dim.DYNAMIC, replace it with either Dim.STATIC or Dim.AUTO."
+            + _example_hint(info, value),
             [frame] if frame is not None else [],
         ))
         if kind == "named" or info.phantom:
@@ -495,6 +496,17 @@ class _Checker:
             lines.append("Suggested fixes:")
             lines.extend(f"  {fix}" for fix in fixes)
         return "\n".join(lines)
+
+
+def _example_hint(info: SymbolInfo, value: int) -> str:
+    """Why a dim specialized to its own example size 0 or 1, and the fix that keeps it dynamic."""
+    if value not in (0, 1) or info.hint != value:
+        return ""
+    return (
+        f" The example input has size {value} at {info.sources[0]}, and export treats sizes 0 "
+        "and 1 as constants (a size-1 dim broadcasts); to keep the dim dynamic, pass an example "
+        "of size 2 or more there."
+    )
 
 
 def _spec_text(name: str, user: Range) -> str:

@@ -42,6 +42,8 @@ _BINARY: dict[type, Callable[..., Any]] = {
     sympy.Max: torch.sym_max,
     sympy.Min: torch.sym_min,
 }
+_LOGIC: dict[type, Callable[..., Any]] = {sympy.And: operator.and_, sympy.Or: operator.or_}
+_UNARY: dict[type, Callable[..., Any]] = {sympy.Not: torch.sym_not}
 
 
 class _Emitter:
@@ -82,7 +84,10 @@ class _Emitter:
             return self._fold(operator.add, expr.args)
         if isinstance(expr, sympy.Mul):
             return self._fold(operator.mul, expr.args)
-        rel = _RELATIONS.get(type(expr)) or _BINARY.get(type(expr))
+        if isinstance(expr, (sympy.And, sympy.Or)):  # one assert of the whole, as torch's
+            return self._fold(_LOGIC[type(expr)], expr.args)
+        rel = (_RELATIONS.get(type(expr)) or _BINARY.get(type(expr))
+               or _UNARY.get(type(expr)))
         if rel is None:
             raise NotImplementedError(f"cannot emit a runtime check of {expr}")
         args = tuple(self.value(a) for a in expr.args)

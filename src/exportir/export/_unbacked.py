@@ -233,13 +233,16 @@ def _slice_length(env: ShapeEnv, size: Any, lo: Any, hi: Any, step: int) -> Any:
 
 
 def _select(env: ShapeEnv, t: torch.Tensor, dim: int, index: Any) -> Any:
-    """``x.select(dim, i)`` with a data-dependent ``i``: out-of-range indices are errors when
-    ranges prove them; the view's offset is ``i`` (or ``i + size``) times the stride when the
-    sign of ``i`` is known, else a new unbacked offset (as torch's fake select)."""
-    if not _has_unbacked(env, index) or t.dim() == 0:
+    """``x.select(dim, i)`` with a data-dependent ``i`` or size (``x[mask].view(b, -1, d)[:, -1]``):
+    out-of-range indices are errors when ranges prove them; the view's offset is ``i`` (or
+    ``i + size``) times the stride when the sign of ``i`` is known, else a new unbacked offset
+    (as torch's fake select). Never a guard on data."""
+    if t.dim() == 0:
         return NotImplemented
     dim = dim % t.dim()
     size, stride = t.shape[dim], t.stride(dim)
+    if not (_has_unbacked(env, index) or _has_unbacked(env, size)):
+        return NotImplemented
     if _known(env, index >= size) or _known(env, index < -size):
         raise IndexError(
             f"select(): index {index} out of range for tensor of size {list(t.shape)} at "

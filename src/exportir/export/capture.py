@@ -732,7 +732,7 @@ _OUTPUT_LEAF_TYPES = (torch.Tensor, *_SYM_TYPES, int, float, bool, str, type(Non
 class _OutputHint:
     """What a library offers for one of its classes returned from forward."""
 
-    register: str  # a call that registers the class as a pytree node
+    register: str | None  # a call that registers the class as a pytree node, if the library has one
     leave_out: str  # how to keep it out of the outputs
 
 
@@ -741,6 +741,10 @@ _OUTPUT_HINTS = {
     "transformers.cache_utils.DynamicCache": _OutputHint(
         "transformers.integrations.executorch.register_dynamic_cache_export_support()",
         "pass use_cache=False to forward, or set model.config.use_cache = False",
+    ),
+    # transformers registers no pytree node for it: leaving it out is the fix that works
+    "transformers.cache_utils.EncoderDecoderCache": _OutputHint(
+        None, "pass use_cache=False to forward, or set model.config.use_cache = False",
     ),
 }
 
@@ -758,7 +762,7 @@ def _check_outputs(mod: torch.nn.Module, out: Any, flat_out: list) -> None:
     qualname = f"{cls.__module__}.{cls.__qualname__}"
     hint = _OUTPUT_HINTS.get(qualname)
     where = f"output{pytree.keystr(path)}" if path else "the output"
-    register = f"call {hint.register} before exporting, or " if hint else ""
+    register = f"call {hint.register} before exporting, or " if hint and hint.register else ""
     leave_out = f" ({hint.leave_out})" if hint else ""
     raise ExportError(
         f"{type(mod).__name__}.forward returns a {cls.__name__} ({qualname}) at {where}, which "

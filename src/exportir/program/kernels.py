@@ -401,3 +401,58 @@ def classify(node: Node, gm: Any) -> str:
         return "kernel"
     reason = fallback_reason(op)
     return "fallback" if reason is None else f"!{reason}"
+
+
+# ------------------------------------------------------------------------------ the kernel table
+
+# Out variants the emitter names although no edge op runs as them: op -> why.
+EMITTER_OUT_VARIANTS: dict[str, str] = {
+    "aten::scalar_tensor.out": "a run-time scalar used as a Tensor operand (scalar_as_tensor)",
+}
+
+# Out variants of edge ops that program files may not name: op -> why. The runtime's kernel
+# table leaves them out, so a file naming one fails to load.
+NOT_IN_KERNEL_TABLE: dict[str, str] = {
+    "aten::_nested_view_from_buffer_copy.out": (
+        "makes a nested tensor over offsets and sizes read from tensors, which the runtime "
+        "cannot check at load"
+    ),
+}
+
+
+def edge_operators() -> list[torch._ops.OpOverload]:
+    """Every ATen overload an Edge program may call under the default config: core ATen, the
+    ``*_copy`` view ops and :data:`DEFAULT_CORE_ATEN_OPS_EXCEPTIONS` (sorted by name)."""
+    from exportir.dialects.edge.config import DEFAULT_CORE_ATEN_OPS_EXCEPTIONS
+
+    found = set(DEFAULT_CORE_ATEN_OPS_EXCEPTIONS)
+    for name in dir(torch.ops.aten):
+        try:
+            packet = getattr(torch.ops.aten, name)
+        except (AttributeError, RuntimeError):
+            continue
+        if not isinstance(packet, torch._ops.OpOverloadPacket):
+            continue
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            if torch.Tag.core in op.tags or torch.Tag.view_copy in op.tags:
+                found.add(op)
+    return sorted(found, key=qualified_name)
+
+
+def kernel_table() -> dict[str, str]:
+    """The operators a program file may name and their schemas (``aten::add.out`` ->
+    ``str(schema)``): the out variants the emitter runs edge ops as, plus
+    :data:`EMITTER_OUT_VARIANTS`, minus :data:`NOT_IN_KERNEL_TABLE`. The runtime's committed
+    copy (``exportir.runtime.kernel_table``) is generated from this by
+    ``scripts/gen_kernel_table.py``; a test keeps the two equal."""
+    outs = {qualified_name(c.out): c.out for c in map(out_variant, edge_operators()) if c}
+    for name in EMITTER_OUT_VARIANTS:
+        base, _, overload = name.partition(".")
+        ns, _, op = base.partition("::")
+        outs[name] = getattr(getattr(getattr(torch.ops, ns), op), overload)
+    return {
+        name: str(op._schema)
+        for name, op in sorted(outs.items())
+        if name not in NOT_IN_KERNEL_TABLE
+    }

@@ -117,16 +117,31 @@ def _bad(path: str, why: str) -> ProgramLoadError:
     return ProgramLoadError(why, path)
 
 
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+"""Every integer of the format is a signed 64-bit integer (what a kernel or a size can take)."""
+
+
 def _int(x: Any, path: str) -> int:
     if type(x) is not int:
         raise _bad(path, f"expected an integer, got {type(x).__name__}")
+    if not INT64_MIN <= x <= INT64_MAX:
+        raise _bad(path, f"integer {_short(x)} does not fit in 64 bits")
     return x
 
 
 def _nat(x: Any, path: str) -> int:
     if type(x) is not int or x < 0:
-        raise _bad(path, f"expected a non-negative integer, got {x!r:.40}")
+        raise _bad(path, f"expected a non-negative integer, got {_short(x)}")
+    if x > INT64_MAX:
+        raise _bad(path, f"integer {_short(x)} does not fit in 64 bits")
     return x
+
+
+def _short(x: Any) -> str:
+    """``x`` for a message: huge integers by their size, never their 400 digits."""
+    if type(x) is int and x.bit_length() > 64:
+        return f"of {x.bit_length()} bits"
+    return f"{x!r:.40}"
 
 
 def _str(x: Any, path: str) -> str:
@@ -144,7 +159,10 @@ def _bool(x: Any, path: str) -> bool:
 def _float(x: Any, path: str) -> float:
     if type(x) not in (int, float):
         raise _bad(path, f"expected a number, got {type(x).__name__}")
-    return float(x)
+    try:
+        return float(x)
+    except OverflowError:
+        raise _bad(path, f"number {_short(x)} does not fit in a double") from None
 
 
 def _list(x: Any, path: str, n: int | None = None) -> list[Any]:

@@ -97,6 +97,11 @@ class MissingBackendError(_LoadFailure):
     """A delegate names a backend id the delegate registry does not know."""
 
 
+class DelegateInitError(_LoadFailure):
+    """A backend refused a delegate's blob at load (its validation found it malformed) or
+    failed to initialise it; the backend's own error is chained as ``__cause__``."""
+
+
 class MethodInputError(ValueError):
     """The inputs given to a method do not match what the method was compiled for."""
 

@@ -37,6 +37,7 @@ from exportir.runtime.delegates import (
     registration_hint,
 )
 from exportir.runtime.errors import (
+    DelegateInitError,
     FailureSite,
     MissingBackendError,
     RuntimeFailure,
@@ -184,13 +185,14 @@ class Program:
                     f"the program delegates to backend {d.backend_id!r}, which the delegate "
                     f"registry does not have (registered: {known})",
                     registration_hint(d.backend_id),
+                    field=f"delegates[{index}].backend_id",
                 )
             try:
                 handle = backend.init(d.data, d.compile_specs)
             except Exception as exc:
-                raise RuntimeFailure(
+                raise DelegateInitError(
                     site, f"backend {d.backend_id!r} failed to initialise delegate {index}: "
-                    f"{type(exc).__name__}: {exc}"
+                    f"{type(exc).__name__}: {exc}", field=f"delegates[{index}].data",
                 ) from exc
             self._handles[index] = (backend, handle)
 

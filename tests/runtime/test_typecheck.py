@@ -252,3 +252,66 @@ def test_integers_beyond_64_bits_are_load_errors(encoded, message):
     # before: OverflowError (from float() while decoding, or from the kernel when called)
     with pytest.raises(ProgramLoadError, match=rf"methods\[0\].values\[3\].*{message}"):
         Program.load(_with_value(3, encoded))
+
+
+# -- sizes set by arguments ----------------------------------------------------------------------
+
+
+def _ints(b: MethodBuilder, *xs: int) -> int:
+    return b.add(schema.IntList(tuple(b.add(schema.Int(x)) for x in xs)))
+
+
+def test_a_factory_size_that_differs_from_its_planned_out_is_refused():
+    b = MethodBuilder()
+    size, fill = _ints(b, 1 << 33), b.add(schema.Double(1.0))
+    out = b.planned((4,))
+    b.kernel("aten::full", "out", (size, fill, out), "full")
+    b.outputs.append(out)
+    with pytest.raises(ProgramLoadError, match=r"instructions\[0\].args\[2\]: aten::full.out makes "
+                                               r"a tensor of sizes \[8589934592\]; value 3 is "
+                                               r"planned with \[4\]"):
+        _load(program_of(b))
+
+
+def test_a_factory_size_beyond_the_limits_into_runtime_memory_is_refused():
+    # full.out([2**33]) into a runtime-owned tensor: 32 GiB asked for by a few bytes of file
+    b = MethodBuilder()
+    size, fill = _ints(b, 1 << 40), b.add(schema.Double(1.0))
+    out = b.add(schema.Tensor(F32, (0,), (0,), schema.DynamicStorage(), True))
+    b.kernel("aten::full", "out", (size, fill, out), "full")
+    b.outputs.append(out)
+    with pytest.raises(ProgramLoadError, match=r"makes a tensor of sizes \[1099511627776\] "
+                                               r"\(4398046511104 bytes\), beyond the limit"):
+        _load(program_of(b))
+
+
+@pytest.mark.parametrize(("op", "extra", "message"), [
+    ("view_copy", (6, 2), r"a view of 6 elements cannot have size \[6, 2\]"),
+    ("expand_copy", (4, 3), r"cannot expand \[2, 3\] to \[4, 3\]"),
+    ("repeat", (1 << 20, 1), r"makes a tensor of sizes \[2097152, 3\]; value \d+ is planned"),
+])
+def test_views_and_repeats_must_match_their_planned_out(op, extra, message):
+    b = MethodBuilder()
+    x = b.input("x", (2, 3))
+    size = _ints(b, *extra)
+    out = b.planned((2, 3))
+    args = (x, size, b.add(schema.Bool(False)), out) if op == "expand_copy" else (x, size, out)
+    b.kernel(f"aten::{op}", "out", args, op)
+    b.outputs.append(out)
+    with pytest.raises(ProgramLoadError, match=message):
+        _load(program_of(b))
+
+
+def test_sizes_known_only_at_run_time_are_left_to_the_plan():
+    # view_copy to [n, 3] with n = x.size(0): the out is dynamic, bounded by its plan
+    b = MethodBuilder()
+    x = b.input("x", (4, 3), dynamic=True)
+    zero, n = b.add(schema.Int(0)), b.add(schema.Int(0))
+    b.kernel("aten::sym_size", "int", (x, zero, n), "size")
+    size = b.add(schema.IntList((n, b.add(schema.Int(3)))))
+    out = b.planned((4, 3), dynamic=True)
+    b.kernel("aten::view_copy", "out", (x, size, out), "view")
+    b.outputs.append(out)
+    method = _load(program_of(b)).method()
+    x_in = torch.randn(3, 3)
+    assert torch.equal(method(x_in)[0], x_in)

@@ -412,11 +412,24 @@ EMITTER_OUT_VARIANTS: dict[str, str] = {
 
 # Out variants of edge ops that program files may not name: op -> why. The runtime's kernel
 # table leaves them out, so a file naming one fails to load.
+_NESTED = (
+    "makes a nested tensor over offsets and sizes read from tensors, which the runtime cannot "
+    "check at load (the program format has strided tensors only)"
+)
+_SPARSE = "reads a sparse tensor's parts; the program format has strided tensors only"
 NOT_IN_KERNEL_TABLE: dict[str, str] = {
-    "aten::_nested_view_from_buffer_copy.out": (
-        "makes a nested tensor over offsets and sizes read from tensors, which the runtime "
-        "cannot check at load"
+    "aten::_reshape_alias_copy.out": (
+        "views its input with any sizes and strides without checking they stay inside it "
+        "(export writes view / view_copy instead)"
     ),
+    "aten::_nested_view_from_buffer_copy.out": _NESTED,
+    "aten::_nested_view_from_jagged_copy.out": _NESTED,
+    "aten::_nested_get_values_copy.out": _NESTED,
+    **{f"aten::{name}.out": _SPARSE for name in (
+        "_indices_copy", "_values_copy", "indices_copy", "values_copy", "crow_indices_copy",
+        "col_indices_copy", "ccol_indices_copy", "row_indices_copy", "_sparse_broadcast_to_copy",
+    )},
+    "aten::_test_autograd_multiple_dispatch_view_copy.out": "a test operator of torch's",
 }
 
 
@@ -426,7 +439,9 @@ def edge_operators() -> list[torch._ops.OpOverload]:
     from exportir.dialects.edge.config import DEFAULT_CORE_ATEN_OPS_EXCEPTIONS
 
     found = set(DEFAULT_CORE_ATEN_OPS_EXCEPTIONS)
-    for name in dir(torch.ops.aten):
+    # every registered name (dir(torch.ops.aten) lists only the packets used so far)
+    names = {n.partition(".")[0] for n in torch._C._dispatch_get_all_op_names()}
+    for name in sorted(n.removeprefix("aten::") for n in names if n.startswith("aten::")):
         try:
             packet = getattr(torch.ops.aten, name)
         except (AttributeError, RuntimeError):

@@ -22,20 +22,28 @@ KERNEL_TABLE: Mapping[str, str] = {
         'aten::_adaptive_avg_pool3d.out(Tensor self, SymInt[3] output_size, *, Tensor(a!) out) -> Tensor(a!)',
     'aten::_cdist_forward.out':
         'aten::_cdist_forward.out(Tensor x1, Tensor x2, float p, int? compute_mode, *, Tensor(a!) out) -> Tensor(a!)',
+    'aten::_conj_copy.out':
+        'aten::_conj_copy.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)',
     'aten::_embedding_bag.out':
         'aten::_embedding_bag.out(Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False, int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2, Tensor(d!) out3) -> (Tensor(a!), Tensor(b!), Tensor(c!), Tensor(d!))',
     'aten::_fft_c2r.out':
         'aten::_fft_c2r.out(Tensor self, int[] dim, int normalization, SymInt last_dim_size, *, Tensor(a!) out) -> Tensor(a!)',
     'aten::_fft_r2c.out':
         'aten::_fft_r2c.out(Tensor self, int[] dim, int normalization, bool onesided, *, Tensor(a!) out) -> Tensor(a!)',
+    'aten::_fw_primal_copy.out':
+        'aten::_fw_primal_copy.out(Tensor self, int level, *, Tensor(a!) out) -> Tensor(a!)',
     'aten::_log_softmax.out':
         'aten::_log_softmax.out(Tensor self, int dim, bool half_to_float, *, Tensor(a!) out) -> Tensor(a!)',
+    'aten::_make_dual_copy.out':
+        'aten::_make_dual_copy.out(Tensor primal, Tensor tangent, int level, *, Tensor(a!) out) -> Tensor(a!)',
     'aten::_native_batch_norm_legit.no_stats_out':
         'aten::_native_batch_norm_legit.no_stats_out(Tensor input, Tensor? weight, Tensor? bias, bool training, float momentum, float eps, *, Tensor(a!) out, Tensor(b!) save_mean, Tensor(c!) save_invstd) -> (Tensor(a!), Tensor(b!), Tensor(c!))',
     'aten::_native_batch_norm_legit.out':
         'aten::_native_batch_norm_legit.out(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!) running_mean, Tensor(b!) running_var, bool training, float momentum, float eps, *, Tensor(d!) out, Tensor(e!) save_mean, Tensor(f!) save_invstd) -> (Tensor(d!), Tensor(e!), Tensor(f!))',
     'aten::_native_batch_norm_legit_no_training.out':
         'aten::_native_batch_norm_legit_no_training.out(Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, float momentum, float eps, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2) -> (Tensor(a!), Tensor(b!), Tensor(c!))',
+    'aten::_neg_view_copy.out':
+        'aten::_neg_view_copy.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)',
     'aten::_pdist_forward.out':
         'aten::_pdist_forward.out(Tensor self, float p=2., *, Tensor(a!) out) -> Tensor(a!)',
     'aten::_softmax.out':
@@ -50,6 +58,8 @@ KERNEL_TABLE: Mapping[str, str] = {
         'aten::acos.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)',
     'aten::acosh.out':
         'aten::acosh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)',
+    'aten::adaptive_avg_pool1d.out':
+        'aten::adaptive_avg_pool1d.out(Tensor self, int[1] output_size, *, Tensor(a!) out) -> Tensor(a!)',
     'aten::adaptive_max_pool2d.out':
         'aten::adaptive_max_pool2d.out(Tensor self, int[2] output_size, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))',
     'aten::add.Scalar_out':
@@ -88,6 +98,8 @@ KERNEL_TABLE: Mapping[str, str] = {
         'aten::atan2.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)',
     'aten::atanh.out':
         'aten::atanh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)',
+    'aten::avg_pool1d.out':
+        'aten::avg_pool1d.out(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=[0], bool ceil_mode=False, bool count_include_pad=True, *, Tensor(a!) out) -> Tensor(a!)',
     'aten::avg_pool2d.out':
         'aten::avg_pool2d.out(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None, *, Tensor(a!) out) -> Tensor(a!)',
     'aten::avg_pool2d_backward.grad_input':
@@ -136,6 +148,8 @@ KERNEL_TABLE: Mapping[str, str] = {
         'aten::cosh.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)',
     'aten::cumsum.out':
         'aten::cumsum.out(Tensor self, int dim, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)',
+    'aten::detach_copy.out':
+        'aten::detach_copy.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)',
     'aten::diagonal_copy.out':
         'aten::diagonal_copy.out(Tensor self, int offset=0, int dim1=0, int dim2=1, *, Tensor(a!) out) -> Tensor(a!)',
     'aten::div.Scalar_mode_out':
@@ -356,6 +370,8 @@ KERNEL_TABLE: Mapping[str, str] = {
         'aten::slice_scatter.out(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1, *, Tensor(a!) out) -> Tensor(a!)',
     'aten::sort.values':
         'aten::sort.values(Tensor self, int dim=-1, bool descending=False, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)',
+    'aten::split_copy.Tensor_out':
+        'aten::split_copy.Tensor_out(Tensor self, SymInt split_size, int dim=0, *, Tensor(a!)[] out) -> ()',
     'aten::split_with_sizes_copy.out':
         'aten::split_with_sizes_copy.out(Tensor self, SymInt[] split_sizes, int dim=0, *, Tensor(a!)[] out) -> ()',
     'aten::sqrt.out':
@@ -398,6 +414,10 @@ KERNEL_TABLE: Mapping[str, str] = {
         'aten::var.correction_out(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False, Tensor(a!) out) -> Tensor(a!)',
     'aten::var.out':
         'aten::var.out(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)',
+    'aten::view_as_complex_copy.out':
+        'aten::view_as_complex_copy.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)',
+    'aten::view_as_real_copy.out':
+        'aten::view_as_real_copy.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)',
     'aten::view_copy.dtype_out':
         'aten::view_copy.dtype_out(Tensor self, ScalarType dtype, *, Tensor(a!) out) -> Tensor(a!)',
     'aten::view_copy.out':

@@ -72,6 +72,7 @@ class Program:
         delegates: DelegateRegistry | None = None,
         mapping: mmap.mmap | None = None,
         source: str = "<memory>",
+        limits: LoadLimits = DEFAULT_LIMITS,
     ) -> None:
         """Wrap an already validated ``schema.Program``; prefer :meth:`load`/:meth:`from_schema`."""
         self.schema = program
@@ -82,7 +83,7 @@ class Program:
         self._constants: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
         self._handles: list[tuple[BackendRuntime, Any] | None] = [None] * len(program.delegates)
         self._methods: dict[str, Method] = {}
-        typecheck.check_program(program, self.kernels)
+        typecheck.check_program(program, self.kernels, limits)
         self._init_delegates()
 
     # -- construction ----------------------------------------------------------------------------
@@ -113,7 +114,8 @@ class Program:
             name = os.fspath(source)
             data = mapping = _map_file(name)
         program = serialize.deserialize_program(data, verify_data=verify_data, limits=limits)
-        return cls(program, kernels=kernels, delegates=delegates, mapping=mapping, source=name)
+        return cls(program, kernels=kernels, delegates=delegates, mapping=mapping, source=name,
+                   limits=limits)
 
     @classmethod
     def from_schema(
@@ -126,7 +128,7 @@ class Program:
     ) -> Program:
         """Run an in-memory ``schema.Program`` (validated exactly as a loaded file is)."""
         validate_program(program, limits)
-        return cls(program, kernels=kernels, delegates=delegates)
+        return cls(program, kernels=kernels, delegates=delegates, limits=limits)
 
     # -- methods ---------------------------------------------------------------------------------
 

@@ -14,6 +14,9 @@ it would call:
   kernel's result fits;
 - **writes**: nothing writes a constant or a view (the constants are the read-only mapped
   file): kernel outs, result slots, delegate outputs, move targets;
+- **sizes set by arguments**: a kernel whose result size its arguments choose (``full``,
+  ``view_copy``, ``repeat``, ... :mod:`exportir.runtime.shapes`) writes an out of exactly that
+  size when the arguments are literal (a runtime-owned out: within the load limits);
 - **moves and jumps**: a tensor move copies between tensors of one dtype and rank (and equal
   sizes when both are static); a tensor jump condition has one element;
 - **inputs and specs**: every tensor with input storage is one of the method's inputs, and
@@ -28,12 +31,13 @@ Every problem raises ``ProgramLoadError`` naming the field (``methods[0].instruc
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 
 from exportir.program import schema
-from exportir.program.validate import ProgramLoadError
-from exportir.runtime import operands, treespec
+from exportir.program.validate import DEFAULT_LIMITS, LoadLimits, ProgramLoadError
+from exportir.runtime import operands, shapes, treespec
 from exportir.runtime.errors import FailureSite, MissingKernelError
 from exportir.runtime.kernels import Kernel, KernelRegistry, canonical_op_name, missing_kernel
 
@@ -44,21 +48,28 @@ _OVERLOAD = re.compile(
 _READ_ONLY = (schema.ConstantData, schema.ViewOf)
 
 
-def check_program(program: schema.Program, kernels: KernelRegistry) -> None:
+def check_program(
+    program: schema.Program, kernels: KernelRegistry, limits: LoadLimits = DEFAULT_LIMITS
+) -> None:
     """Type every method of ``program`` (already structurally valid) against ``kernels``."""
     for index, method in enumerate(program.methods):
-        _MethodTyping(method, index, kernels).check()
+        _MethodTyping(method, index, kernels, limits).check()
 
 
 class _MethodTyping:
-    def __init__(self, method: schema.Method, index: int, kernels: KernelRegistry) -> None:
+    def __init__(
+        self, method: schema.Method, index: int, kernels: KernelRegistry, limits: LoadLimits
+    ) -> None:
         self.m = method
         self.f = f"methods[{index}]"
         self.registry = kernels
+        self.limits = limits
         self.values = method.values
+        self.rebound: set[int] = set()  # values an instruction (or the caller) binds at run time
 
     def check(self) -> None:
         kernels = self.operators()
+        self.rebound = _scalar_targets(self.m, kernels) | set(self.m.inputs)
         self.signature()
         for pc, ins in enumerate(self.m.instructions):
             self.instruction(pc, ins, kernels)
@@ -138,6 +149,7 @@ class _MethodTyping:
         if params is not None:
             for p, param in enumerate(params):
                 self.operand(kernel, param, args[p], f"{field}.args[{p}]")
+            self.sized_by_arguments(kernel, args, field)
         for p in kernel.writes:
             for i in self.items(args[p]):
                 self.writable(i, f"{field}.args[{p}]", f"argument {p} of {kernel.name}")
@@ -166,6 +178,58 @@ class _MethodTyping:
             raise ProgramLoadError(f"argument {param.name!r} of {kernel.name}: device "
                                    f"{v.value!r:.40} is not one of {sorted(operands.DEVICES)}",
                                    field)
+
+    def sized_by_arguments(self, kernel: Kernel, args: tuple[int, ...], field: str) -> None:
+        """The out of a kernel whose result size its arguments set (:mod:`shapes`) has that
+        size, when the arguments are known at load."""
+        entry = shapes.RULES.get(kernel.name)
+        if entry is None:
+            return
+        rule, at = entry
+        try:
+            shape = rule([self.literal(i) for i in args[: kernel.arity]])
+        except shapes.ShapeError as e:
+            raise ProgramLoadError(f"{kernel.name}: {e}", f"{field}.args") from None
+        if shape is not None:
+            self.holds(args[at], shape, kernel.name, f"{field}.args[{at}]")
+
+    def literal(self, index: int) -> object:
+        """Value ``index`` as a shape rule sees it (:data:`shapes.UNKNOWN` if set at run time)."""
+        v = self.values[index]
+        match v:
+            case schema.Tensor(storage=storage, dynamic=False) if not isinstance(
+                storage, schema.DynamicStorage
+            ):
+                return shapes.Sizes(v.sizes)
+            case schema.Int(value=x) | schema.Double(value=x) | schema.Bool(value=x):
+                return shapes.UNKNOWN if index in self.rebound else x
+            case schema.IntList(items=items):
+                got = [self.literal(i) for i in items]
+                return shapes.UNKNOWN if shapes.UNKNOWN in got else got
+            case schema.Null():
+                return None
+        return shapes.UNKNOWN
+
+    def holds(self, index: int, shape: tuple[int, ...], name: str, field: str) -> None:
+        """Tensor ``index`` can take a result of ``shape``: exactly its sizes when static, within
+        its upper bounds when dynamic, within the load limits when runtime-owned."""
+        t = self.values[index]
+        if not isinstance(t, schema.Tensor):
+            return
+        if isinstance(t.storage, schema.DynamicStorage):
+            nbytes = math.prod(shape) * schema.ELEMENT_SIZE[t.dtype]
+            if nbytes > self.limits.max_tensor_bytes:
+                raise ProgramLoadError(f"{name} makes a tensor of sizes {list(shape)} ({nbytes} "
+                                       f"bytes), beyond the limit of "
+                                       f"{self.limits.max_tensor_bytes} bytes", field)
+            return
+        fits = len(shape) == len(t.sizes) and (
+            all(s <= b for s, b in zip(shape, t.sizes)) if t.dynamic else shape == t.sizes
+        )
+        if not fits:
+            bound = "upper bounds " if t.dynamic else ""
+            raise ProgramLoadError(f"{name} makes a tensor of sizes {list(shape)}; value {index} "
+                                   f"is planned with {bound}{list(t.sizes)}", field)
 
     def items(self, index: int) -> tuple[int, ...]:
         v = self.values[index]

@@ -460,7 +460,12 @@ def decode_example_inputs(raw: Any, tensors: dict[str, torch.Tensor], where: str
               for i, leaf in enumerate(as_list(spec["leaves"], f"{where}/leaves"))]
     if len(leaves) != tree.num_leaves:
         fail(f"{where}/leaves", f"{len(leaves)} leaves, the spec has {tree.num_leaves}")
-    return guarded(where, lambda: pytree.tree_unflatten(leaves, tree), "cannot rebuild inputs")
+    value = guarded(where, lambda: pytree.tree_unflatten(leaves, tree), "cannot rebuild inputs")
+    if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], tuple)
+            and isinstance(value[1], dict)):
+        fail(f"{where}/spec", f"example inputs must be (args tuple, kwargs dict); the spec "
+                              f"gives a {type(value).__name__}")
+    return value
 
 
 def _dec_leaf(raw: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:

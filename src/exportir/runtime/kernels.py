@@ -116,7 +116,7 @@ class Kernel:
     empties: tuple[int, ...] = ()
     binder: Binder | None = None
     params: tuple[operands.Param, ...] | None = None
-    result_kinds: frozenset[type] = operands.SCALAR_RESULT
+    result_kinds: frozenset[type] = operands.ANY_RESULT
 
     def bind(
         self, args: Sequence[object], changing: Sequence[int] = (), unread: Sequence[int] = ()
@@ -377,7 +377,7 @@ def fallback_kernel_from_op(name: str, op: torch._ops.OpOverload) -> Kernel:
 def _value_kernel(name: str, arity: int, fn: Callable[..., object]) -> Kernel:
     return Kernel(
         name, lambda args: fn(*args), arity, (), result_slot=True,
-        params=operands.prim_params(name, arity),
+        params=operands.prim_params(name, arity), result_kinds=operands.prim_result(name),
     )
 
 

@@ -122,9 +122,27 @@ _PRIM_PARAMS: Mapping[str, tuple[Param, ...]] = {
     "aten::sym_numel.default": (Param("self", _TENSOR),),
     "aten::sym_storage_offset.default": (Param("self", _TENSOR),),
 }
-SCALAR_RESULT: Kinds = _NUMBER | _TENSOR
+_INT: Kinds = frozenset({schema.Int})
+_COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge")
+# Result kinds of the primitives: sizes are Int; comparisons Bool; true division Double; other
+# arithmetic follows its operands (Int or Double).
+_PRIM_RESULTS: Mapping[str, Kinds] = {
+    "aten::sym_size.int": _INT,
+    "aten::sym_numel.default": _INT,
+    "aten::sym_storage_offset.default": _INT,
+    "exportir_prim::truediv.Scalar": frozenset({schema.Double}),
+    **{f"exportir_prim::{c}.Scalar": frozenset({schema.Bool}) for c in _COMPARISONS},
+}
+SCALAR_RESULT: Kinds = frozenset({schema.Int, schema.Double})
+ANY_RESULT: Kinds = _NUMBER | _TENSOR
+"""What a kernel without a schema (a registered function) may return into."""
 
 
 def prim_params(name: str, arity: int) -> tuple[Param, ...]:
     """The parameters of runtime primitive ``name`` (scalars unless listed)."""
     return _PRIM_PARAMS.get(name, (_SCALAR,) * arity)
+
+
+def prim_result(name: str) -> Kinds:
+    """The value kinds runtime primitive ``name``'s result slot may have."""
+    return _PRIM_RESULTS.get(name, SCALAR_RESULT)

@@ -168,7 +168,8 @@ def test_a_primitive_result_into_a_constant_is_refused():
     c = b.constant(torch.zeros(()))
     b.kernel("aten::sym_size", "int", (x, zero, c), "size")
     b.outputs.append(c)
-    with pytest.raises(ProgramLoadError, match=r"args\[2\]: a result writes value 2, a constant"):
+    with pytest.raises(ProgramLoadError, match=r"args\[2\]: the result of aten::sym_size.int "
+                                               r"must go to a Int value; value 2 is Tensor"):
         _load(program_of(b))
 
 
@@ -315,3 +316,20 @@ def test_sizes_known_only_at_run_time_are_left_to_the_plan():
     method = _load(program_of(b)).method()
     x_in = torch.randn(3, 3)
     assert torch.equal(method(x_in)[0], x_in)
+
+
+def test_a_convolution_whose_padding_does_not_match_its_planned_out_is_refused():
+    # padding 2**32 would make ATen's convolution allocate terabytes before copying to the out
+    b = MethodBuilder()
+    x = b.input("x", (1, 3, 8, 8))
+    w = b.constant(torch.randn(4, 3, 3, 3))
+    stride, padding, dilation = _ints(b, 1, 1), _ints(b, 0, 1 << 32), _ints(b, 1, 1)
+    out = b.planned((1, 4, 6, 6))
+    b.kernel("aten::convolution", "out", (x, w, b.add(schema.Null()), stride, padding, dilation,
+                                          b.add(schema.Bool(False)), _ints(b, 0, 0),
+                                          b.add(schema.Int(1)), out), "conv")
+    b.outputs.append(out)
+    with pytest.raises(ProgramLoadError, match=r"aten::convolution.out makes a tensor of sizes "
+                                               r"\[1, 4, 6, 8589934598\]; value \d+ is planned "
+                                               r"with \[1, 4, 6, 6\]"):
+        _load(program_of(b))

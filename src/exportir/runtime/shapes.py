@@ -147,6 +147,44 @@ def _pad(args: Sequence[Any]) -> Shape:
     return tuple(out)
 
 
+def _spatial(values: Any, n: int) -> list[int] | None:
+    """An int-list convolution argument for ``n`` spatial dims (one value stands for all)."""
+    got = _ints(values, "")
+    if got is None or len(got) not in (1, n):
+        return None
+    return got * n if len(got) == 1 else got
+
+
+def _convolution(args: Sequence[Any]) -> Shape:
+    """``convolution.out``'s result: (N, channels, *spatial) from the input, the weight and
+    stride / padding / dilation / output_padding (ATen's formula, transposed or not)."""
+    source, weight = args[0], args[1]
+    transposed, groups = args[6], args[8]
+    if not (isinstance(source, Sizes) and isinstance(weight, Sizes)) or (
+        type(transposed) is not bool or type(groups) is not int
+    ):
+        return None
+    n = len(source.sizes) - 2
+    if n < 1 or len(weight.sizes) != n + 2:
+        return None
+    stride, padding, dilation, extra = (_spatial(args[k], n) for k in (3, 4, 5, 7))
+    if None in (stride, padding, dilation, extra) or min(stride) < 1 or min(dilation) < 1:
+        return None
+    kernel = weight.sizes[2:]
+    if transposed:
+        channels = weight.sizes[1] * groups
+        spatial = [(i - 1) * s - 2 * p + d * (k - 1) + e + 1 for i, s, p, d, k, e in
+                   zip(source.sizes[2:], stride, padding, dilation, kernel, extra)]
+    else:
+        channels = weight.sizes[0]
+        spatial = [(i + 2 * p - d * (k - 1) - 1) // s + 1 for i, s, p, d, k in
+                   zip(source.sizes[2:], stride, padding, dilation, kernel)]
+    if min(spatial) < 0:
+        raise ShapeError(f"a convolution of {list(source.sizes)} with weight "
+                         f"{list(weight.sizes)} has output size {spatial}")
+    return (source.sizes[0], channels, *spatial)
+
+
 RULES: Mapping[str, tuple[Rule, int]] = {
     # operator -> (rule, position of the out it sizes)
     "aten::full.out": (lambda a: _size(a[0]), 2),
@@ -162,4 +200,5 @@ RULES: Mapping[str, tuple[Rule, int]] = {
     "aten::expand_copy.out": (_expand, 3),
     "aten::repeat.out": (_repeat, 2),
     "aten::constant_pad_nd.out": (_pad, 3),
+    "aten::convolution.out": (_convolution, 9),
 }

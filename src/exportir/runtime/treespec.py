@@ -11,6 +11,7 @@ naming the field).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -47,9 +48,14 @@ class TreeSpecError(ValueError):
 
 def parse(text: str) -> Spec | None:
     """The spec in ``text`` (``[1, node]`` JSON), or ``None`` if absent; raises
-    :class:`TreeSpecError` if it is malformed."""
+    :class:`TreeSpecError` if it is malformed. Specs are immutable: parsed once per text."""
     if not text:
         return None
+    return _parse(text)
+
+
+@functools.lru_cache(maxsize=512)
+def _parse(text: str) -> Spec:
     try:
         decoded = json.loads(text)
     except (ValueError, RecursionError) as e:

@@ -73,7 +73,7 @@ class _MethodTyping:
         self.signature()
         for pc, ins in enumerate(self.m.instructions):
             self.instruction(pc, ins, kernels)
-        defined_before_use(self.m, kernels, self.f)
+        defined_before_use(self.m, kernels, self.f, self.rebound)
 
     # -- operators ------------------------------------------------------------------------------
 
@@ -281,27 +281,39 @@ class _Flow:
 
     def __init__(self, method: schema.Method) -> None:
         self.values = method.values
+        # per value: the tensors a mention of it reads or writes
+        self.resolved: list[tuple[int, ...]] = [self._resolve(i) for i in range(len(self.values))]
+        self.positions: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+
+    def _resolve(self, i: int) -> tuple[int, ...]:
+        v = self.values[i]
+        if isinstance(v, schema.Tensor):
+            return (v.storage.base if isinstance(v.storage, schema.ViewOf) else i,)
+        if isinstance(v, (schema.TensorList, schema.OptionalTensorList)):
+            return tuple(j for k in v.items if isinstance(self.values[k], schema.Tensor)
+                         for j in self._resolve(k))
+        return ()
 
     def tensors(self, indices: Iterable[int]) -> list[int]:
-        out = []
-        for i in indices:
-            v = self.values[i]
-            if isinstance(v, (schema.TensorList, schema.OptionalTensorList)):
-                out.extend(self.tensors(v.items))
-            elif isinstance(v, schema.Tensor):
-                out.append(v.storage.base if isinstance(v.storage, schema.ViewOf) else i)
-        return out
+        resolved = self.resolved
+        return [t for i in indices for t in resolved[i]]
+
+    def _positions(self, kernel: Kernel) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(positions read, positions written) of ``kernel``'s arguments."""
+        found = self.positions.get(kernel.name)
+        if found is None:
+            params = kernel.params
+            outs = {p for p, q in enumerate(params) if q.out} if params else set(kernel.writes)
+            reads = tuple(p for p in range(kernel.arity) if p not in outs)
+            found = self.positions[kernel.name] = (reads, tuple(sorted(outs | set(kernel.writes))))
+        return found
 
     def kernel(self, kernel: Kernel, args: tuple[int, ...]) -> tuple[list[int], list[int]]:
-        operands_ = args[: kernel.arity]
-        params = kernel.params
-        outs = {p for p, param in enumerate(params) if param.out} if params else set()
-        if not params:  # no schema: written positions are outs
-            outs = set(kernel.writes)
-        reads = self.tensors(a for p, a in enumerate(operands_) if p not in outs)
-        writes = self.tensors(operands_[p] for p in sorted(outs | set(kernel.writes)))
+        read_at, write_at = self._positions(kernel)
+        reads = self.tensors(args[p] for p in read_at)
+        writes = self.tensors(args[p] for p in write_at)
         if kernel.result_slot:
-            writes += self.tensors(args[-1:])
+            writes += self.resolved[args[-1]]
         return reads, writes
 
 
@@ -343,14 +355,17 @@ def _effects(
     return [], [], []
 
 
-def defined_before_use(method: schema.Method, kernels: Sequence[Kernel], f: str) -> None:
+def defined_before_use(
+    method: schema.Method, kernels: Sequence[Kernel], f: str, written: set[int] | None = None
+) -> None:
     """Raise ``ProgramLoadError`` if some path through the method reads a tensor of planned or
     runtime-owned memory before an instruction wrote it, or ends without writing an output.
 
     Jumps only go forward, so one pass suffices: the tensors defined on entry to an instruction
     are those defined on every path reaching it (the fall-through, and each jump to it)."""
     flow = _Flow(method)
-    written = _scalar_targets(method, kernels)
+    if written is None:
+        written = _scalar_targets(method, kernels)
     pending: dict[int, set[int]] = {}  # jump target -> tensors defined on every jump to it
     defined: set[int] | None = _initially_defined(method)
     for pc, ins in enumerate(method.instructions):

@@ -12,11 +12,19 @@ from __future__ import annotations
 import os
 import random
 
+import pytest
 from harness import findings, run_cases, summary
 from pt2_files import mutate
 
 CASES = int(os.environ.get("EXPORTIR_FUZZ_CASES", "40"))
 SEED = int(os.environ.get("EXPORTIR_FUZZ_SEED", "1729"))
+
+
+@pytest.fixture(scope="module")
+def pt2_seed_files() -> dict[str, bytes]:
+    from seeds import pt2_seeds
+
+    return pt2_seeds()
 
 
 def test_mutated_exported_program_files(tmp_path, pt2_seed_files):

@@ -11,11 +11,19 @@ from __future__ import annotations
 import os
 import random
 
+import pytest
 from harness import findings, run_cases, summary
 from xpt_files import mutate
 
 CASES = int(os.environ.get("EXPORTIR_FUZZ_CASES", "80"))
 SEED = int(os.environ.get("EXPORTIR_FUZZ_SEED", "1729"))
+
+
+@pytest.fixture(scope="module")
+def xpt_seed_files() -> dict[str, bytes]:
+    from seeds import xpt_seeds
+
+    return xpt_seeds()
 
 
 def test_mutated_program_files(tmp_path, xpt_seed_files):

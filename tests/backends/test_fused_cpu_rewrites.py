@@ -471,3 +471,29 @@ def test_one_element_convolution_parameters_reach_onednn_per_dim():
     (header,) = _headers(edge)
     assert header["ops"][0][1][3:6] == [[0, 0], [1, 1], [1, 1]]  # padding, stride, dilation
     _check(model, args, edge, atol=1e-4)
+
+
+class BroadcastFirstRow(nn.Module):
+    """``sin(x[0]) * x``: the mul's first argument is (4,), its result (batch, 4). Asking
+    whether it could run in place compared the shapes as tuples, i.e. 4 with the symbolic
+    batch first (OLMo-2's norm weight times its input: ``Ne(s0, 16)``): a guard that narrowed
+    the batch the program accepts (the plan bounded a batch of 16 by 15)."""
+
+    def forward(self, x):
+        return torch.sin(x[0]) * x
+
+
+def test_lowering_a_dynamic_program_decides_no_symbolic_size():
+    from exportir import Dim
+
+    model = BroadcastFirstRow()
+    x = torch.randn(3, 4)
+    ep = export(model, (x,), dynamic_shapes=({0: Dim("batch", min=1, max=4)},))
+    env = next(iter(ep.graph.find_nodes(op="placeholder"))).meta["val"].shape[0].node.shape_env
+    guards = list(env.guards)
+    edge = to_edge_transform_and_lower(ep, partitioner=[FusedCpuPartitioner()])
+    assert env.guards == guards
+    method = Program.load(edge.to_program().buffer).method("forward")
+    for batch in (1, 4):
+        inp = torch.randn(batch, 4)
+        torch.testing.assert_close(method(inp), model(inp))

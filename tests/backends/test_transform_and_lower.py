@@ -28,6 +28,7 @@ from exportir.export import Dim, export
 from exportir.export.signature import InputKind
 from exportir.fx.passes.infra.pass_base import PassResult
 from exportir.fx.passes.infra.pass_manager import PassManager
+from exportir.passes.partition import PartitionError
 from exportir.program.manager import to_edge
 from exportir.runtime import Program, default_delegate_registry
 
@@ -399,3 +400,35 @@ def test_signature_mirrors_executorch():
         "programs", "transform_passes", "partitioner", "constant_methods", "compile_config",
         "generate_etrecord",
     ]  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ symbolic sizes
+
+
+class SizeDecidingBackend(BackendDetails):
+    """Asks whether the batch is 16: a guard on the program's ShapeEnv."""
+
+    @classmethod
+    def preprocess(cls, edge_program, compile_specs):
+        x = next(iter(edge_program.graph.find_nodes(op="placeholder"))).meta["val"]
+        return PreprocessResult(b"16" if x.shape[0] == 16 else b"other")
+
+
+class Sin(torch.nn.Module):
+    def forward(self, x):
+        return torch.sin(x)
+
+
+def test_a_backend_deciding_a_symbolic_size_is_refused():
+    ep = export(Sin(), (torch.randn(3, 4),), dynamic_shapes=({0: Dim("batch", max=32)},))
+
+    class Claim(KeepAndClaim):
+        def partition(self, exported_program):
+            for node in exported_program.graph.nodes:
+                if node.op == "call_function":
+                    node.meta[DELEGATION_TAG] = "t"
+            return PartitionResult(exported_program, {"t": DelegationSpec("SizeDecidingBackend")})
+
+    with pytest.raises(PartitionError, match=r"SizeDecidingBackend.preprocess decided symbolic "
+                       r"sizes of a dynamic program \(Ne\(s\d+, 16\)\).*must not branch on symbolic"):
+        to_edge(ep).to_backend(Claim([]))

@@ -65,6 +65,14 @@ def exported(name: str) -> Any:
 
 
 @functools.cache
+def core(name: str) -> Any:
+    """The static export decomposed to the core ATen op set (``run_decompositions()``)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return exported(name).run_decompositions()
+
+
+@functools.cache
 def exported_dynamic(name: str) -> Any:
     import exportir
 

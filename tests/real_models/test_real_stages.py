@@ -46,7 +46,7 @@ def test_dynamic_export_runs_other_sizes(name: str) -> None:
 
 @pytest.mark.parametrize("name", _params())
 def test_core_decomposition_matches_eager(name: str) -> None:
-    core = H.exported(name).run_decompositions()
+    core = H.core(name)
     H.assert_same(core.module()(**H.case(name).kwargs), H.eager_example(name), "core ATen module()")
 
 

@@ -52,6 +52,7 @@ from exportir.export.exported_program import (
     _rename_call_graph,
     _signature_after_rewrite,
 )
+from exportir.export.fake import shape_env_of
 from exportir.export.signature import (
     ExportGraphSignature,
     InputKind,
@@ -106,8 +107,32 @@ def _backend(backend: str | type[BackendDetails], registry: BackendRegistry | No
     return (registry or default_backend_registry()).get(backend)
 
 
+def _guards(program: ExportedProgram) -> tuple[Any, int]:
+    """The program's ShapeEnv (None when its sizes are all static) and its guard count."""
+    placeholders = program.graph.find_nodes(op="placeholder")
+    env = shape_env_of([n.meta.get("val") for n in placeholders])
+    return env, len(env.guards) if env is not None else 0
+
+
+def _check_no_new_guards(env: Any, before: int, who: str) -> None:
+    """A backend deciding a symbolic size (``s0 == 16``) records a guard in the program's
+    ShapeEnv and silently narrows the sizes the program accepts (memory planning would then
+    bound ``s0`` by 15): refuse it."""
+    if env is None or len(env.guards) == before:
+        return
+    decided = ", ".join(str(g.expr) for g in env.guards[before:])
+    raise PartitionError(
+        f"{who} decided symbolic sizes of a dynamic program ({decided}); that would narrow "
+        "the sizes the program accepts. A backend must not branch on symbolic sizes: compare "
+        "them by expression (a.node.expr == b.node.expr) or treat them as unknown. To lower "
+        "anyway, export without dynamic_shapes."
+    )
+
+
 def _preprocess(details: Any, program: ExportedProgram, specs: Sequence[CompileSpec]) -> bytes:
+    env, before = _guards(program)
     result = details.preprocess(program, list(specs))
+    _check_no_new_guards(env, before, f"{details.__name__}.preprocess")
     if not isinstance(result, PreprocessResult):
         raise TypeError(
             f"{details.__name__}.preprocess returned {type(result).__name__}; it must return "
@@ -192,7 +217,9 @@ def lower_partitions(
     for node in gm.graph.nodes:
         node.meta.pop(DELEGATION_TAG, None)
     work = program._update(gm, copy.deepcopy(program.graph_signature))
+    env, before = _guards(work)
     result = partitioner.partition(work)
+    _check_no_new_guards(env, before, f"{type(partitioner).__name__}.partition")
     if not isinstance(result, PartitionResult):
         raise TypeError(
             f"{type(partitioner).__name__}.partition returned "

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from exportir.backends.fused_cpu.ir import Graph, Op, Value, values_in
+from exportir.backends.fused_cpu.ir import Graph, Op, Value, same_shape, values_in
 from exportir.backends.fused_cpu.rewrites import optimize
 from exportir.dialects.backend import BackendDetails, CompileSpec, PreprocessResult
 from exportir.dialects.edge.verifier import user_source_line
@@ -309,7 +309,7 @@ def _inplace_candidate(op: Op) -> bool:
         return False
     if not isinstance(out.meta, torch.Tensor):
         return False
-    return first.meta.dtype == out.meta.dtype and tuple(first.meta.shape) == tuple(out.meta.shape)
+    return first.meta.dtype == out.meta.dtype and same_shape(first.meta.shape, out.meta.shape)
 
 
 def _with_inplace(row: OpRow, inplace: bool) -> OpRow:

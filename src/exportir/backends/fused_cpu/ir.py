@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Graph", "Op", "Value", "static_shape", "values_in"]
+__all__ = ["Graph", "Op", "Value", "same_shape", "static_shape", "values_in"]
 
 
 @dataclass(eq=False, slots=True)
@@ -59,6 +59,22 @@ def static_shape(v: Any) -> tuple[int, ...] | None:
         return None
     shape = v.shape
     return shape if all(type(d) is int for d in shape) else None
+
+
+def same_shape(a: Any, b: Any) -> bool:
+    """Whether two shapes are the same, deciding nothing about symbolic sizes: a symbolic
+    dimension equals only one with the same expression (``s0 == 16`` would record a guard and
+    specialize the program)."""
+    if len(a) != len(b):
+        return False
+    return all(_same_dim(x, y) for x, y in zip(a, b))
+
+
+def _same_dim(x: Any, y: Any) -> bool:
+    if type(x) is int and type(y) is int:
+        return x == y
+    ex, ey = (getattr(getattr(d, "node", None), "expr", None) for d in (x, y))
+    return ex is not None and ex == ey
 
 
 def values_in(x: Any) -> Iterator[Value]:

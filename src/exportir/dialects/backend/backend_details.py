@@ -6,7 +6,8 @@ A backend subclasses :class:`BackendDetails` and implements
 executes. ``backend_id`` (by default the class name, as in ExecuTorch) names the backend both here
 and in the runtime's delegate registry. ``runtime()`` may return the backend's runtime object
 (``init(processed, compile_specs) -> handle``, ``execute(handle, inputs) -> outputs``) so that a
-lowered module can run in Python exactly as the runtime would run it.
+lowered module can run in Python exactly as the runtime would run it. ``preprocess`` must not
+decide symbolic sizes of a dynamic program (``to_backend`` refuses one that adds guards).
 
 :class:`BackendRegistry` maps backend ids to backends. It is an explicit object;
 :func:`default_backend_registry` builds a fresh one holding every ``BackendDetails`` subclass

@@ -16,7 +16,10 @@ Contract of ``partition``:
 - a tag's nodes must be fusable without a cycle: no path may leave the partition and come back,
   where a path entering another tag's partition leaves it from any of its nodes (it becomes one
   delegate call) (:func:`exportir.passes.partition.propose_partitions` builds such partitions);
-- tagging happens on the program it is given; ``to_backend`` hands it a copy.
+- tagging happens on the program it is given; ``to_backend`` hands it a copy;
+- symbolic sizes are not to be decided (``x.shape[0] == 16`` records a guard in the program's
+  ShapeEnv and narrows the sizes it accepts): compare them by expression; ``to_backend``
+  refuses a ``partition`` or ``preprocess`` that adds guards.
 """
 
 from __future__ import annotations

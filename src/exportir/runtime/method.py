@@ -42,7 +42,7 @@ from exportir.runtime.errors import (
     MissingKernelError,
     RuntimeFailure,
 )
-from exportir.runtime.kernels import Kernel, canonical_op_name, missing_custom_op
+from exportir.runtime.kernels import Kernel, canonical_op_name, missing_kernel
 
 if TYPE_CHECKING:
     from exportir.runtime.program import Program
@@ -297,16 +297,9 @@ class Method:
     def _compile_kernel(self, pc: int, op: schema.Operator, args: tuple[int, ...]) -> Step:
         name = canonical_op_name(op.name, op.overload)
         kernel = self._program.kernels.lookup(name)
-        if kernel is None:
-            if op.is_functional_fallback:
-                raise MissingKernelError(self._site(pc), *missing_custom_op(name))
-            raise MissingKernelError(
-                self._site(pc),
-                f"no kernel is registered for {name}",
-                "register one (KernelRegistry.register / register_function) and pass the "
-                "registry to Program.load(..., kernels=...), or decompose the op before "
-                "to_program()",
-            )
+        if kernel is None:  # Program.load checked every operator; kept for direct callers
+            registry = self._program.kernels
+            raise MissingKernelError(self._site(pc), *missing_kernel(name, registry))
         if len(args) != kernel.num_value_args:
             result = " and a result slot" if kernel.result_slot else ""
             raise self._failure(

@@ -17,7 +17,7 @@ import torch
 from corpus import real_models as R
 
 import exportir
-from exportir.export.capture import ExportError
+from exportir.export.capture.recorder import ExportError
 
 _TESTS = Path(__file__).resolve().parent.parent
 _SRC = _TESTS.parent / "src"

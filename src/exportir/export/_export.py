@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from exportir.export._inputs import check_binding
-from exportir.export._module_call import ModuleCallRecorder
-from exportir.export.capture import capture
+from exportir.export.capture._inputs import check_binding
+from exportir.export.capture._module_call import ModuleCallRecorder
+from exportir.export.capture.recorder import capture
 from exportir.symbolic import Assumption
 
 __all__ = ["DraftExportReport", "draft_export", "export"]
@@ -136,8 +136,8 @@ def _capture_dynamic(
 ) -> tuple[Any, dict[Any, Any]]:
     """Capture with backed symbols for the marked dims; check the guards against the spec
     (docs/dev/dynamic-plan.md, "export -> capture with dynamic_shapes")."""
-    from exportir.export import _constraints
-    from exportir.export.dynamic_shapes import plan_dims
+    from exportir.export.dynamic import _constraints
+    from exportir.export.dynamic.dims import plan_dims
     from exportir.symbolic import ShapeEnv
 
     plan = plan_dims(mod, args, kwargs, dynamic_shapes)
@@ -151,7 +151,7 @@ def _capture_dynamic(
 def _range_constraints(result: Any, solution: Any) -> dict[Any, Any]:
     import sympy
 
-    from exportir.export import _constraints
+    from exportir.export.dynamic import _constraints
     from exportir.export.signature import InputKind
     from exportir.symbolic import ValueRanges
 
@@ -200,7 +200,7 @@ class _FunctionModule(torch.nn.Module):
 def _program(
     result: Any, args: tuple, kwargs: dict, range_constraints: Any, call_graph: list[Any]
 ) -> Any:
-    from exportir.export.exported_program import ExportedProgram
+    from exportir.export.program.exported_program import ExportedProgram
 
     # unbacked symbols (u0 from .item(), nonzero...) keep the ranges capture found for them
     unbacked = {k: v for k, v in (result.range_constraints or {}).items() if str(k)[:1] == "u"}

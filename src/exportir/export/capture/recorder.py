@@ -25,15 +25,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from exportir import pytree
-from exportir.export._composite import (
+from exportir.export.capture._composite import (
     CompositeOverrides,
     composite_plan,
     composite_value,
     with_grad_of,
 )
-from exportir.export._inputs import bind_inputs, flatten_with_names, forward_arg_names
-from exportir.export._layout_watch import LayoutWatch
-from exportir.export._node_meta import (
+from exportir.export.capture._inputs import bind_inputs, flatten_with_names, forward_arg_names
+from exportir.export.capture._layout_watch import LayoutWatch
+from exportir.export.capture._node_meta import (
     ModuleCalls,
     TorchFunctions,
     current_stack_trace,
@@ -41,7 +41,7 @@ from exportir.export._node_meta import (
     node_name,
     source_fn_entry,
 )
-from exportir.export.fake import (
+from exportir.export.capture.fake import (
     FakeConverter,
     FakeTensor,
     fake_like,
@@ -523,7 +523,7 @@ def _check_mutations(rec: Recorder, func: Any, args: tuple, kwargs: dict) -> Non
 
 def _root_of(node: Node) -> Node:
     """Follow view ops back to the tensor whose storage they share."""
-    from exportir.export.functionalize import view_base
+    from exportir.export.capture.functionalize import view_base
 
     while True:
         base = view_base(node)
@@ -621,11 +621,11 @@ def capture(
     input position) make input dimensions symbolic. ``draft=True`` decides data-dependent
     branches by the example inputs, checked by runtime asserts (draft_export).
     """
-    from exportir.export._constant_result import DataDependentHooks
-    from exportir.export._finalize import finalize
-    from exportir.export._indexing import SymIndexing
-    from exportir.export._module_state import ModuleState
-    from exportir.export._runtime_asserts import insert_runtime_asserts, range_constraints
+    from exportir.export.capture._constant_result import DataDependentHooks
+    from exportir.export.capture._finalize import finalize
+    from exportir.export.capture._indexing import SymIndexing
+    from exportir.export.capture._module_state import ModuleState
+    from exportir.export.capture._runtime_asserts import insert_runtime_asserts, range_constraints
 
     rec = Recorder(shape_env=shape_env)
     _lift_module_state(rec, mod)
@@ -800,7 +800,7 @@ def _constants(rec: Recorder) -> dict[str, torch.Tensor]:
 
 
 def _module_call_graph(mod: torch.nn.Module, in_spec: Any, out_spec: Any, names: list[str]) -> list:
-    from exportir.export.exported_program import ModuleCallEntry, ModuleCallSignature
+    from exportir.export.program.exported_program import ModuleCallEntry, ModuleCallSignature
 
     root = ModuleCallEntry(
         "", ModuleCallSignature([], [], in_spec, out_spec, forward_arg_names=names)
@@ -810,6 +810,6 @@ def _module_call_graph(mod: torch.nn.Module, in_spec: Any, out_spec: Any, names:
 
 def _control_flow() -> Any:
     """control_flow.py captures torch.cond / map / while_loop (it builds on this module)."""
-    from exportir.export import control_flow
+    from exportir.export.control_flow import rules as control_flow
 
     return control_flow

@@ -22,8 +22,9 @@ from typing import Any, NamedTuple
 import torch
 
 from exportir import pytree
-from exportir.export import _unlift
-from exportir.export.decomp_table import CustomDecompTable, as_plain_table
+from exportir.export.capture.decomp_table import CustomDecompTable, as_plain_table
+from exportir.export.program import _unlift
+from exportir.export.program.verifier import Verifier
 from exportir.export.signature import (
     ArgumentSpec,
     ConstantArgument,
@@ -34,7 +35,6 @@ from exportir.export.signature import (
     OutputKind,
     OutputSpec,
 )
-from exportir.export.verifier import Verifier
 from exportir.fx.codegen import CodeGen
 from exportir.fx.graph import Graph
 from exportir.fx.graph_module import GraphModule
@@ -358,7 +358,7 @@ class ExportedProgram:
         op (a plain re-trace). As in torch.export, a composite-implicit op the table does not
         name stays whole, and an op the table names is decomposed by the table's entry.
         """
-        from exportir.export._retrace import retrace  # capture builds on this module
+        from exportir.export.capture._retrace import retrace  # capture builds on this module
 
         table = as_plain_table(decomp_table)
         flat_fake = [n.meta["val"] for n in self.graph.find_nodes(op="placeholder")]

@@ -18,7 +18,7 @@ from typing import Any, Self
 import torch
 
 from exportir import pytree
-from exportir.export.exported_program import ModuleCallEntry, ModuleCallSignature
+from exportir.export.program.exported_program import ModuleCallEntry, ModuleCallSignature
 from exportir.export.signature import (
     ArgumentSpec,
     ConstantArgument,

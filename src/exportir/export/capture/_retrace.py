@@ -1,6 +1,6 @@
 """Re-tracing a captured graph: how ``run_decompositions`` (and node-level decomposition) work.
 
-The graph's nodes are re-run, one by one, through a fresh :class:`~exportir.export.capture.
+The graph's nodes are re-run, one by one, through a fresh :class:`~exportir.export.capture.recorder.
 Recorder` whose decomposition table decides, op by op, what is replaced by its decomposition;
 composite ops the table does not name stay whole (``_composite.composite_plan``).
 """
@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from exportir import pytree
-from exportir.export.capture import (
+from exportir.export.capture.fake import fake_like, shape_env_of
+from exportir.export.capture.recorder import (
     CaptureMode,
     Lifted,
     Recorder,
@@ -21,7 +22,6 @@ from exportir.export.capture import (
     _control_flow,
     _output_value,
 )
-from exportir.export.fake import fake_like, shape_env_of
 from exportir.fx import GraphModule, Node
 
 aten = torch.ops.aten
@@ -71,8 +71,8 @@ def _retrace_once(
     ``mutation_outputs`` names the nodes holding mutated inputs' new values: views of them are
     regenerated before each use, as torch's functionalization does (_view_replay.py).
     """
-    from exportir.export._finalize import finalize_retrace
-    from exportir.export._view_replay import ViewReplay, mutation_roots
+    from exportir.export.capture._finalize import finalize_retrace
+    from exportir.export.capture._view_replay import ViewReplay, mutation_roots
 
     table = dict(decomposition_table or {})
     if table:

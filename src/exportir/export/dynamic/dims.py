@@ -664,7 +664,7 @@ class _SymbolMaker:
         self.derived: list[tuple[sympy.Expr, DimSpec]] = []
 
     def run(self) -> tuple[dict[int, dict[int, Any]], Any]:
-        from exportir.export._constraints import SymbolTable
+        from exportir.export.dynamic._constraints import SymbolTable
 
         for r in self.plan.requests:  # roots first: derived dims may name a later root
             if r.spec.kind in ("named", "auto", "dynamic"):
@@ -678,7 +678,7 @@ class _SymbolMaker:
         self.sizes.setdefault(r.tensor_id, {})[r.dim] = expr
 
     def _info(self, symbol: sympy.Symbol, hint: int, sources: tuple, spec: DimSpec, phantom=False):
-        from exportir.export._constraints import SymbolInfo
+        from exportir.export.dynamic._constraints import SymbolInfo
 
         self.infos.append(SymbolInfo(symbol, hint, sources, spec, phantom))
 

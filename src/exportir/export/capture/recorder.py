@@ -48,6 +48,7 @@ from exportir.export.capture.fake import (
     fakify,
     run_fake,
 )
+from exportir.export.signature import ModuleCallEntry, ModuleCallSignature
 from exportir.fx import Graph, GraphModule, Node
 from exportir.symbolic import ShapeEnv
 
@@ -800,8 +801,6 @@ def _constants(rec: Recorder) -> dict[str, torch.Tensor]:
 
 
 def _module_call_graph(mod: torch.nn.Module, in_spec: Any, out_spec: Any, names: list[str]) -> list:
-    from exportir.export.program.exported_program import ModuleCallEntry, ModuleCallSignature
-
     root = ModuleCallEntry(
         "", ModuleCallSignature([], [], in_spec, out_spec, forward_arg_names=names)
     )

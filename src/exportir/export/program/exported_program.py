@@ -16,7 +16,6 @@ import copy
 import dataclasses
 import operator
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -32,6 +31,8 @@ from exportir.export.signature import (
     ExportGraphSignature,
     InputKind,
     InputSpec,
+    ModuleCallEntry,
+    ModuleCallSignature,
     OutputKind,
     OutputSpec,
 )
@@ -49,30 +50,6 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------- call graph
-
-
-@dataclass(slots=True)
-class ModuleCallSignature:
-    """Flat inputs/outputs and pytree specs of one (preserved) module call."""
-
-    inputs: list[ArgumentSpec]
-    outputs: list[ArgumentSpec]
-    in_spec: pytree.TreeSpec
-    out_spec: pytree.TreeSpec
-    forward_arg_names: list[str] | None = None
-
-    def replace_all_uses_with(self, original_node: Node, new_node: Node) -> None:
-        """Rename arguments naming ``original_node`` to ``new_node``'s name."""
-        for args in (self.inputs, self.outputs):
-            for i, arg in enumerate(args):
-                if getattr(arg, "name", None) == original_node.name:
-                    args[i] = dataclasses.replace(arg, name=new_node.name)
-
-
-@dataclass(slots=True)
-class ModuleCallEntry:
-    fqn: str
-    signature: ModuleCallSignature | None = None
 
 
 class CallSpec(NamedTuple):

@@ -18,7 +18,6 @@ from typing import Any
 import torch
 
 from exportir import pytree
-from exportir.export.program.exported_program import ModuleCallEntry, ModuleCallSignature
 from exportir.export.serialize.common import (
     SerializationError,
     as_bool,
@@ -38,6 +37,8 @@ from exportir.export.signature import (
     ExportGraphSignature,
     InputKind,
     InputSpec,
+    ModuleCallEntry,
+    ModuleCallSignature,
     OutputKind,
     OutputSpec,
     SymBoolArgument,

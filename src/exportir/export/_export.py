@@ -11,6 +11,7 @@ import torch
 from exportir.export.capture._inputs import check_binding
 from exportir.export.capture._module_call import ModuleCallRecorder
 from exportir.export.capture.recorder import capture
+from exportir.export.control_flow.rules import CONTROL_FLOW
 from exportir.symbolic import Assumption
 
 __all__ = ["DraftExportReport", "draft_export", "export"]
@@ -124,7 +125,7 @@ def _export(
         if dynamic_shapes is not None:
             result, ranges = _capture_dynamic(mod, args, kwargs, dynamic_shapes, draft)
         else:
-            result = capture(mod, args, kwargs, draft=draft)
+            result = capture(mod, args, kwargs, draft=draft, extension=CONTROL_FLOW)
             ranges = result.range_constraints
     call_graph = calls.apply(result.graph_module, result.signature, result.module_call_graph)
     ep = _program(result, args, kwargs, ranges, call_graph)
@@ -143,7 +144,10 @@ def _capture_dynamic(
     plan = plan_dims(mod, args, kwargs, dynamic_shapes)
     shape_env = ShapeEnv()
     sizes, table = plan.make_sizes(shape_env)
-    result = capture(mod, args, kwargs, shape_env=shape_env, symbolic_sizes=sizes, draft=draft)
+    result = capture(
+        mod, args, kwargs, shape_env=shape_env, symbolic_sizes=sizes, draft=draft,
+        extension=CONTROL_FLOW,
+    )  # fmt: skip
     solution = _constraints.solve(table, shape_env.guards, shape_env.replacements)
     return result, _range_constraints(result, solution)
 

@@ -123,10 +123,11 @@ def _decomposed(
     node: Node, inputs: list[Node], table: dict[Any, Callable[..., Any]], edge: bool
 ) -> GraphModule:
     from exportir.export.capture._retrace import retrace  # capture builds on export, not on passes
+    from exportir.export.control_flow.rules import CONTROL_FLOW
 
     one = _one_node_graph(node, inputs)
     fakes = [inp.meta.get("val") for inp in inputs]
-    sub = retrace(one, fakes, decomposition_table=table)
+    sub = retrace(one, fakes, decomposition_table=table, extension=CONTROL_FLOW)
     if any(n.op == "get_attr" for n in sub.graph.nodes):
         raise NotImplementedError(
             f"decomposing node {node.name} ({node.target}) creates tensor constants, which a "

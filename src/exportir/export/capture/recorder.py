@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Self
@@ -69,6 +70,28 @@ class Lifted:
     target: str | None
     persistent: bool | None
     value: Any  # the real tensor (state) or the user's leaf
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureExtension:
+    """What a room above capture adds to the traces it asks for.
+
+    ``mode()`` makes a context entered around the traced code (control flow's
+    ``ControlFlowMode``, which records ``torch.cond`` / ``map`` / ``while_loop``); ``finish(gm,
+    subgraphs)`` runs on the finished graph with the subgraphs the recorder collected
+    (``Recorder.subgraphs``) and returns the graph module. Capture never imports the rooms above
+    it: ``export`` and ``run_decompositions`` pass the control-flow room's extension in.
+    """
+
+    mode: Callable[[], AbstractContextManager[Any]]
+    finish: Callable[[GraphModule, dict[str, GraphModule]], GraphModule]
+
+
+def _unchanged(gm: GraphModule, subgraphs: dict[str, GraphModule]) -> GraphModule:
+    return gm
+
+
+NO_EXTENSION = CaptureExtension(nullcontext, _unchanged)
 
 
 # ops whose recording differs from "run on fakes, add a node" (keyed by op)
@@ -614,13 +637,15 @@ def capture(
     symbolic_sizes: dict[int, dict[int, Any]] | None = None,
     dims_spec: DimsSpec | None = None,
     draft: bool = False,
+    extension: CaptureExtension = NO_EXTENSION,
 ) -> CaptureResult:
     """Run ``mod(*args, **kwargs)`` on fakes; return the functional, lifted graph and its specs.
 
     ``symbolic_sizes`` (``{id(example tensor): {dim: sympy expr}}``, built by
     export/dynamic_shapes.py with symbols of ``shape_env``) or ``dims_spec`` (the same per flat
     input position) make input dimensions symbolic. ``draft=True`` decides data-dependent
-    branches by the example inputs, checked by runtime asserts (draft_export).
+    branches by the example inputs, checked by runtime asserts (draft_export). ``extension``
+    adds what the rooms above capture trace (control flow).
     """
     from exportir.export.capture._constant_result import DataDependentHooks
     from exportir.export.capture._finalize import finalize
@@ -641,7 +666,7 @@ def capture(
         with ModuleState(mod) as state, ModuleCalls(mod) as calls, TorchFunctions() as functions:
             rec.modules, rec.functions = calls, functions
             with ExportingFlags(), TraceSettings(rec.whole), CaptureMode(rec), \
-                    _control_flow().ControlFlowMode(), SymIndexing(), \
+                    extension.mode(), SymIndexing(), \
                     DataDependentHooks(rec, mod, draft=draft):
                 out = mod(*fake_args, **fake_kwargs)
                 reassigned = {
@@ -654,7 +679,7 @@ def capture(
         env.op_listener = None
     insert_runtime_asserts(rec.graph, env)
     gm, signature = finalize(rec, reassigned)
-    _control_flow().attach_subgraphs(gm, rec.subgraphs)
+    gm = extension.finish(gm, rec.subgraphs)
     return CaptureResult(
         graph_module=gm,
         signature=signature,
@@ -806,9 +831,3 @@ def _module_call_graph(mod: torch.nn.Module, in_spec: Any, out_spec: Any, names:
     )
     return [root] + [ModuleCallEntry(fqn) for fqn, _ in mod.named_modules() if fqn]
 
-
-def _control_flow() -> Any:
-    """control_flow.py captures torch.cond / map / while_loop (it builds on this module)."""
-    from exportir.export.control_flow import rules as control_flow
-
-    return control_flow

@@ -21,7 +21,9 @@ from typing import Any, NamedTuple
 import torch
 
 from exportir import pytree
+from exportir.export.capture._retrace import retrace
 from exportir.export.capture.decomp_table import CustomDecompTable, as_plain_table
+from exportir.export.control_flow.rules import CONTROL_FLOW
 from exportir.export.program import _unlift
 from exportir.export.program.verifier import Verifier
 from exportir.export.signature import (
@@ -335,8 +337,6 @@ class ExportedProgram:
         op (a plain re-trace). As in torch.export, a composite-implicit op the table does not
         name stays whole, and an op the table names is decomposed by the table's entry.
         """
-        from exportir.export.capture._retrace import retrace  # capture builds on this module
-
         table = as_plain_table(decomp_table)
         flat_fake = [n.meta["val"] for n in self.graph.find_nodes(op="placeholder")]
         mutated = frozenset(
@@ -352,8 +352,9 @@ class ExportedProgram:
         output.args = (tuple(old_args[0]) + tuple(extra),)
         try:
             new_gm = retrace(
-                self._graph_module, flat_fake, decomposition_table=table, mutation_outputs=mutated
-            )
+                self._graph_module, flat_fake, decomposition_table=table,
+                mutation_outputs=mutated, extension=CONTROL_FLOW,
+            )  # fmt: skip
         finally:
             output.args = old_args
         call_renames = _drop_extra_outputs(new_gm, extra)

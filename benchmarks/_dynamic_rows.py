@@ -141,6 +141,7 @@ def transformer_report(layers: int = 48) -> list[str]:
 
     from exportir.export.capture.recorder import capture
     from exportir.export.dynamic import _constraints
+    from exportir.export.dynamic._symbols import make_sizes
     from exportir.export.dynamic.dims import Dim, plan_dims
     from exportir.symbolic import ShapeEnv
 
@@ -152,7 +153,7 @@ def transformer_report(layers: int = 48) -> list[str]:
     profile.enable()
     plan = plan_dims(mod, (x,), {}, spec)
     env = ShapeEnv()
-    sizes, table = plan.make_sizes(env)
+    sizes, table = make_sizes(plan, env)
     capture(mod, (x,), {}, shape_env=env, symbolic_sizes=sizes)
     _constraints.solve(table, env.guards, env.replacements)
     profile.disable()

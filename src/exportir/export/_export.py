@@ -138,12 +138,13 @@ def _capture_dynamic(
     """Capture with backed symbols for the marked dims; check the guards against the spec
     (docs/dev/dynamic-plan.md, "export -> capture with dynamic_shapes")."""
     from exportir.export.dynamic import _constraints
+    from exportir.export.dynamic._symbols import make_sizes
     from exportir.export.dynamic.dims import plan_dims
     from exportir.symbolic import ShapeEnv
 
     plan = plan_dims(mod, args, kwargs, dynamic_shapes)
     shape_env = ShapeEnv()
-    sizes, table = plan.make_sizes(shape_env)
+    sizes, table = make_sizes(plan, shape_env)
     result = capture(
         mod, args, kwargs, shape_env=shape_env, symbolic_sizes=sizes, draft=draft,
         extension=CONTROL_FLOW,

@@ -6,13 +6,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import sympy
 import torch
 
 from exportir.export.capture._inputs import check_binding
 from exportir.export.capture._module_call import ModuleCallRecorder
 from exportir.export.capture.recorder import capture
 from exportir.export.control_flow.rules import CONTROL_FLOW
-from exportir.symbolic import Assumption
+from exportir.export.dynamic import _constraints
+from exportir.export.dynamic._symbols import make_sizes
+from exportir.export.dynamic.dims import plan_dims
+from exportir.export.program.exported_program import ExportedProgram
+from exportir.export.signature import InputKind
+from exportir.symbolic import Assumption, ShapeEnv, ValueRanges
 
 __all__ = ["DraftExportReport", "draft_export", "export"]
 
@@ -137,11 +143,6 @@ def _capture_dynamic(
 ) -> tuple[Any, dict[Any, Any]]:
     """Capture with backed symbols for the marked dims; check the guards against the spec
     (docs/dev/dynamic-plan.md, "export -> capture with dynamic_shapes")."""
-    from exportir.export.dynamic import _constraints
-    from exportir.export.dynamic._symbols import make_sizes
-    from exportir.export.dynamic.dims import plan_dims
-    from exportir.symbolic import ShapeEnv
-
     plan = plan_dims(mod, args, kwargs, dynamic_shapes)
     shape_env = ShapeEnv()
     sizes, table = make_sizes(plan, shape_env)
@@ -154,12 +155,6 @@ def _capture_dynamic(
 
 
 def _range_constraints(result: Any, solution: Any) -> dict[Any, Any]:
-    import sympy
-
-    from exportir.export.dynamic import _constraints
-    from exportir.export.signature import InputKind
-    from exportir.symbolic import ValueRanges
-
     placeholders = result.graph_module.graph.find_nodes(op="placeholder")
     sizes = [
         size
@@ -205,8 +200,6 @@ class _FunctionModule(torch.nn.Module):
 def _program(
     result: Any, args: tuple, kwargs: dict, range_constraints: Any, call_graph: list[Any]
 ) -> Any:
-    from exportir.export.program.exported_program import ExportedProgram
-
     # unbacked symbols (u0 from .item(), nonzero...) keep the ranges capture found for them
     unbacked = {k: v for k, v in (result.range_constraints or {}).items() if str(k)[:1] == "u"}
     range_constraints = {**(range_constraints or {}), **unbacked}

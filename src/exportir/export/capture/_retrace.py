@@ -13,6 +13,8 @@ from typing import Any
 import torch
 
 from exportir import pytree
+from exportir.export.capture._finalize import finalize_retrace
+from exportir.export.capture._view_replay import ViewReplay, mutation_roots
 from exportir.export.capture.fake import fake_like, shape_env_of
 from exportir.export.capture.recorder import (
     NO_EXTENSION,
@@ -77,9 +79,6 @@ def _retrace_once(
     ``mutation_outputs`` names the nodes holding mutated inputs' new values: views of them are
     regenerated before each use, as torch's functionalization does (_view_replay.py).
     """
-    from exportir.export.capture._finalize import finalize_retrace
-    from exportir.export.capture._view_replay import ViewReplay, mutation_roots
-
     table = dict(decomposition_table or {})
     if table:
         table = {**_ALWAYS_DECOMPOSED, **table}

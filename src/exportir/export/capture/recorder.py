@@ -32,8 +32,12 @@ from exportir.export.capture._composite import (
     composite_value,
     with_grad_of,
 )
+from exportir.export.capture._constant_result import DataDependentHooks
+from exportir.export.capture._finalize import finalize
+from exportir.export.capture._indexing import SymIndexing
 from exportir.export.capture._inputs import bind_inputs, flatten_with_names, forward_arg_names
 from exportir.export.capture._layout_watch import LayoutWatch
+from exportir.export.capture._module_state import ModuleState
 from exportir.export.capture._node_meta import (
     ModuleCalls,
     TorchFunctions,
@@ -42,6 +46,7 @@ from exportir.export.capture._node_meta import (
     node_name,
     source_fn_entry,
 )
+from exportir.export.capture._runtime_asserts import insert_runtime_asserts, range_constraints
 from exportir.export.capture.fake import (
     FakeConverter,
     FakeTensor,
@@ -49,6 +54,7 @@ from exportir.export.capture.fake import (
     fakify,
     run_fake,
 )
+from exportir.export.capture.functionalize import view_base
 from exportir.export.signature import ModuleCallEntry, ModuleCallSignature
 from exportir.fx import Graph, GraphModule, Node
 from exportir.symbolic import ShapeEnv
@@ -547,8 +553,6 @@ def _check_mutations(rec: Recorder, func: Any, args: tuple, kwargs: dict) -> Non
 
 def _root_of(node: Node) -> Node:
     """Follow view ops back to the tensor whose storage they share."""
-    from exportir.export.capture.functionalize import view_base
-
     while True:
         base = view_base(node)
         if base is None:
@@ -647,12 +651,6 @@ def capture(
     branches by the example inputs, checked by runtime asserts (draft_export). ``extension``
     adds what the rooms above capture trace (control flow).
     """
-    from exportir.export.capture._constant_result import DataDependentHooks
-    from exportir.export.capture._finalize import finalize
-    from exportir.export.capture._indexing import SymIndexing
-    from exportir.export.capture._module_state import ModuleState
-    from exportir.export.capture._runtime_asserts import insert_runtime_asserts, range_constraints
-
     rec = Recorder(shape_env=shape_env)
     _lift_module_state(rec, mod)
     flat, in_spec = pytree.tree_flatten((args, kwargs))

@@ -31,7 +31,7 @@ from exportir.export.capture._node_meta import innermost_user_frame
 from exportir.export.capture.recorder import CaptureMode, ExportError, Recorder
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
-from exportir.export.capture.fake import FakeTensor
+from exportir.export.capture.fake import FakeTensor, fake_like
 from exportir.export.capture.functionalize import functionalize, view_base
 from exportir.fx import Graph, GraphModule, Node
 
@@ -139,8 +139,6 @@ def _with_body_frame(trace: str) -> str:
 
 
 def _fresh_fake(t: torch.Tensor) -> FakeTensor:
-    from exportir.export.capture.fake import fake_like
-
     return fake_like(t, requires_grad=False)
 
 

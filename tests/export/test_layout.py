@@ -79,8 +79,8 @@ def _targets(node: ast.AST, module: str, is_package: bool) -> list[str]:
     return []
 
 
-def imports_of(path: pathlib.Path) -> list[Import]:
-    module = _module_name(path)
+def imports_of(path: pathlib.Path, module: str | None = None) -> list[Import]:
+    module = module or _module_name(path)
     tree = ast.parse(path.read_text(), filename=str(path))
     parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
     found = []
@@ -185,9 +185,17 @@ def test_no_import_cycles():
 
 
 def test_checker_sees_what_it_checks(tmp_path):
-    bad = EXPORT / "capture" / "recorder.py"
-    found = imports_of(bad)
-    assert found and all(room_of(i.source) == "capture" for i in found)
+    fake = tmp_path / "m.py"
+    fake.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from exportir.export.signature import InputKind\n"
+        "if TYPE_CHECKING:\n    from exportir.export.program.exported_program import X\n"
+        "def f():\n    from . import rules\n"
+    )
+    found = {(i.target, i.where) for i in imports_of(fake, "exportir.export.capture.m")}
+    assert ("exportir.export.signature", "top") in found
+    assert ("exportir.export.program.exported_program", "typing") in found
+    assert ("exportir.export.capture.rules", "local") in found
     assert room_of("exportir.export.program.exported_program.ExportedProgram") == "program"
     assert room_of("exportir.export.export") == "api"
     assert room_of("exportir.export.signature.InputKind") == "signature"

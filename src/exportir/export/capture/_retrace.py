@@ -15,10 +15,9 @@ import torch
 from exportir import pytree
 from exportir.export.capture._finalize import finalize_retrace
 from exportir.export.capture._view_replay import ViewReplay, mutation_roots
+from exportir.export.capture.extension import NO_EXTENSION, CaptureExtension
 from exportir.export.capture.fake import fake_like, shape_env_of
 from exportir.export.capture.recorder import (
-    NO_EXTENSION,
-    CaptureExtension,
     CaptureMode,
     Lifted,
     Recorder,

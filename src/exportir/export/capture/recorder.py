@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Self
@@ -47,6 +46,7 @@ from exportir.export.capture._node_meta import (
     source_fn_entry,
 )
 from exportir.export.capture._runtime_asserts import insert_runtime_asserts, range_constraints
+from exportir.export.capture.extension import NO_EXTENSION, CaptureExtension
 from exportir.export.capture.fake import (
     FakeConverter,
     FakeTensor,
@@ -76,28 +76,6 @@ class Lifted:
     target: str | None
     persistent: bool | None
     value: Any  # the real tensor (state) or the user's leaf
-
-
-@dataclass(frozen=True, slots=True)
-class CaptureExtension:
-    """What a room above capture adds to the traces it asks for.
-
-    ``mode()`` makes a context entered around the traced code (control flow's
-    ``ControlFlowMode``, which records ``torch.cond`` / ``map`` / ``while_loop``); ``finish(gm,
-    subgraphs)`` runs on the finished graph with the subgraphs the recorder collected
-    (``Recorder.subgraphs``) and returns the graph module. Capture never imports the rooms above
-    it: ``export`` and ``run_decompositions`` pass the control-flow room's extension in.
-    """
-
-    mode: Callable[[], AbstractContextManager[Any]]
-    finish: Callable[[GraphModule, dict[str, GraphModule]], GraphModule]
-
-
-def _unchanged(gm: GraphModule, subgraphs: dict[str, GraphModule]) -> GraphModule:
-    return gm
-
-
-NO_EXTENSION = CaptureExtension(nullcontext, _unchanged)
 
 
 # ops whose recording differs from "run on fakes, add a node" (keyed by op)

@@ -38,8 +38,9 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from exportir import pytree
 from exportir.export.capture._node_meta import innermost_user_frame
+from exportir.export.capture.extension import CaptureExtension
 from exportir.export.capture.fake import FakeTensor, _no_modes, fake_from_meta, fake_like, meta_of
-from exportir.export.capture.recorder import CaptureExtension, CaptureMode, Recorder
+from exportir.export.capture.recorder import CaptureMode, Recorder
 from exportir.export.control_flow._trace import (
     LIFTED_OPERANDS_ARG,
     SUBGRAPH_ARGS,

@@ -71,7 +71,7 @@ def _exporters() -> dict[str, Callable]:
     import torch.export as te
 
     import exportir.export as ours
-    from exportir.export.dynamic_shapes import Dim, ShapesCollection
+    from exportir.export.dynamic.dims import Dim, ShapesCollection
 
     def theirs(mod, args, kwargs):
         spec = _spec(mod, args, kwargs, te.ShapesCollection, te.Dim)
@@ -139,9 +139,10 @@ def transformer_report(layers: int = 48) -> list[str]:
     """Guard count and simplification time of a dynamic batch x seq export of ``layers`` layers."""
     import torch.export as te
 
-    from exportir.export import _constraints
-    from exportir.export.capture import capture
-    from exportir.export.dynamic_shapes import Dim, plan_dims
+    from exportir.export.capture.recorder import capture
+    from exportir.export.dynamic import _constraints
+    from exportir.export.dynamic._symbols import make_sizes
+    from exportir.export.dynamic.dims import Dim, plan_dims
     from exportir.symbolic import ShapeEnv
 
     torch.manual_seed(0)
@@ -152,7 +153,7 @@ def transformer_report(layers: int = 48) -> list[str]:
     profile.enable()
     plan = plan_dims(mod, (x,), {}, spec)
     env = ShapeEnv()
-    sizes, table = plan.make_sizes(env)
+    sizes, table = make_sizes(plan, env)
     capture(mod, (x,), {}, shape_env=env, symbolic_sizes=sizes)
     _constraints.solve(table, env.guards, env.replacements)
     profile.disable()

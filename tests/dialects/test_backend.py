@@ -28,7 +28,7 @@ from exportir.dialects.backend import (
     executorch_call_delegate,
 )
 from exportir.export import export
-from exportir.export.verifier import SpecViolationError
+from exportir.export.program.verifier import SpecViolationError
 from exportir.passes.to_backend import to_backend
 from exportir.program.manager import to_edge
 

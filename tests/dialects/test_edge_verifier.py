@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from exportir.dialects.edge.ops import ops
-from exportir.export.verifier import SpecViolationError
+from exportir.export.program.verifier import SpecViolationError
 from exportir.fx.passes.infra.pass_base import PassResult
 
 THIS_FILE = __file__.rsplit("/", 1)[-1]
@@ -160,7 +160,7 @@ def test_scalar_operands_of_scalar_overloads_are_fine():
 
 
 def test_dtype_combination_outside_the_table_is_rejected(edge):
-    from exportir.export.fake import fake_like
+    from exportir.export.capture.fake import fake_like
 
     def claim_int_sigmoid(gm):
         node = _node(gm, "sigmoid")  # sigmoid(Int) -> Float; claim it returns Int
@@ -215,7 +215,7 @@ def test_reduced_float_combination_the_kernels_refuse_is_rejected():
         def forward(self, x):
             return torch.sigmoid(x.to(torch.bfloat16)).to(torch.float16)
 
-    from exportir.export.fake import fake_like
+    from exportir.export.capture.fake import fake_like
 
     def claim_bf16_to_half_sigmoid(gm):
         node = _node(gm, "sigmoid")  # sigmoid(BFloat16) -> BFloat16; claim it returns Half

@@ -11,7 +11,7 @@ from torch import nn
 
 from exportir import pytree
 from exportir.dialects.edge.ops import EdgeOpOverload, ops
-from exportir.export.verifier import SpecViolationError
+from exportir.export.program.verifier import SpecViolationError
 
 # A dozen small corpus models across families (conv, norm, attention, rnn, pytree, mutation).
 NUMERIC_MODELS = [

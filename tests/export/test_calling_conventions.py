@@ -11,7 +11,7 @@ import torch
 
 from exportir import pytree
 from exportir.export import export
-from exportir.export._inputs import InputBindingError
+from exportir.export.capture._inputs import InputBindingError
 
 
 def _t() -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Non-strict capture (exportir.export.capture / _export) against torch.export as the oracle.
+"""Non-strict capture (exportir.export.capture.recorder / _export) against torch.export as the oracle.
 
 Each small model here is exported by both; we compare placeholder names, signature
 kinds/targets, the numerics of the captured graph run as an exportir.fx GraphModule with real
@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from exportir.export._export import export
-from exportir.export._retrace import retrace
-from exportir.export.capture import ExportError
-from exportir.export.fake import DataDependentError, FakeTensor, MissingFakeImplError
+from exportir.export.capture._retrace import retrace
+from exportir.export.capture.fake import DataDependentError, FakeTensor, MissingFakeImplError
+from exportir.export.capture.recorder import ExportError
 
 # ----------------------------------------------------------------------------- models
 

@@ -24,7 +24,7 @@ from corpus.control_flow_models import PROGRAMS
 from torch import nn
 
 from exportir.export import ExportedProgram, export, load, save
-from exportir.export.control_flow import ControlFlowError
+from exportir.export.control_flow.rules import ControlFlowError
 
 
 @pytest.fixture(scope="module")

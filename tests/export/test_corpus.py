@@ -220,7 +220,7 @@ DAMAGE_MODELS = ["mlp", "dict_io", "gpt_kv_cache", "tensor_constant"]
 
 
 def _serialization_error():
-    from exportir.export.serialize import SerializationError
+    from exportir.export.serialize.save_load import SerializationError
 
     return SerializationError
 

@@ -19,7 +19,7 @@ from torch import nn
 
 import exportir
 from exportir.export import default_decompositions
-from exportir.export.decomp_table import CustomDecompTable
+from exportir.export.capture.decomp_table import CustomDecompTable
 
 aten = torch.ops.aten
 

@@ -16,7 +16,7 @@ import torch
 import torch.export as texport
 
 import exportir.export as ours
-from exportir.export.dynamic_shapes import Dim, UserError
+from exportir.export.dynamic.dims import Dim, UserError
 
 
 class Pairs(torch.nn.Module):

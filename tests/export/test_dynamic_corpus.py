@@ -20,7 +20,7 @@ from corpus import export_models as em
 
 import exportir.export as ours
 from exportir import pytree
-from exportir.export.dynamic_shapes import Dim, ShapesCollection
+from exportir.export.dynamic.dims import Dim, ShapesCollection
 
 EXPORT_BATCH = 3
 RUN_BATCHES = (1, 7, 64)

@@ -16,7 +16,7 @@ import torch.export as texport
 from torch import nn
 
 import exportir.export as ours
-from exportir.export.dynamic_shapes import Dim
+from exportir.export.dynamic.dims import Dim
 
 
 class LinearGeluSlice(nn.Module):

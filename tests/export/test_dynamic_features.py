@@ -26,7 +26,7 @@ from corpus import export_harness as h
 from torch import nn
 
 import exportir.export as ours
-from exportir.export import dynamic_shapes as ds
+from exportir.export.dynamic import dims as ds
 
 THIS_FILE = __file__.rsplit("/", 1)[-1]
 

@@ -9,8 +9,8 @@ import sympy
 import torch
 import torch.export as texport
 
-from exportir.export import _constraints as C
-from exportir.export.dynamic_shapes import (
+from exportir.export.dynamic import _constraints as C
+from exportir.export.dynamic.dims import (
     Dim,
     ShapesCollection,
     UserError,

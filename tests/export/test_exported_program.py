@@ -39,7 +39,7 @@ from exportir.export import (
     default_decompositions,
 )
 from exportir.export import signature as S
-from exportir.export.verifier import TrainingIRVerifier, Verifier
+from exportir.export.program.verifier import TrainingIRVerifier, Verifier
 
 # ---------------------------------------------------------------------------- the converter
 
@@ -197,7 +197,7 @@ def test_str_with_dynamic_shapes_prints_range_constraints():
 
 def test_repr_is_the_default_object_repr():
     *_, tep = corpus_program("mlp")
-    assert repr(from_torch(tep)).startswith("<exportir.export.exported_program.ExportedProgram")
+    assert repr(from_torch(tep)).startswith("<exportir.export.program.exported_program.ExportedProgram")
 
 
 # ---------------------------------------------------------------------------- module()

@@ -1,9 +1,9 @@
-"""exportir.export.fake: meta-backed fake tensors that report the real device and metadata."""
+"""exportir.export.capture.fake: meta-backed fake tensors that report the real device and metadata."""
 
 import pytest
 import torch
 
-from exportir.export.fake import (
+from exportir.export.capture.fake import (
     DataDependentError,
     FakeConverter,
     FakeTensor,

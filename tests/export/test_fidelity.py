@@ -365,7 +365,7 @@ def test_torch_failures_are_known() -> None:
 
 
 def _is_composite(target: Any) -> bool:
-    from exportir.export._composite import kept_cia_ops
+    from exportir.export.capture._composite import kept_cia_ops
 
     return target in kept_cia_ops()
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from exportir.export._export import export
-from exportir.export.functionalize import FunctionalizationError, functional_variant
+from exportir.export.capture.functionalize import FunctionalizationError, functional_variant
 
 aten = torch.ops.aten
 

@@ -23,8 +23,8 @@ from torch import nn
 
 from exportir import Dim
 from exportir.export._export import export
-from exportir.export.fake import fake_like
-from exportir.export.functionalize import FunctionalizationError, inplace_view_target
+from exportir.export.capture.fake import fake_like
+from exportir.export.capture.functionalize import FunctionalizationError, inplace_view_target
 
 aten = torch.ops.aten
 

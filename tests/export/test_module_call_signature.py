@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from exportir.export._export import export
-from exportir.export.serialize import load, save
+from exportir.export.serialize.save_load import load, save
 from exportir.export.signature import ConstantArgument, TensorArgument
 
 

@@ -41,10 +41,10 @@ from exportir.export import (
     OutputSpec,
     TensorArgument,
 )
-from exportir.export.fake import fake_like
-from exportir.export.serialize import SerializationError, load, save
-from exportir.export.serialize_tensors import DTYPE_TO_TAG, decode_tensors, encode_tensors
-from exportir.export.serialize_values import (
+from exportir.export.capture.fake import fake_like
+from exportir.export.serialize.save_load import SerializationError, load, save
+from exportir.export.serialize.tensors import DTYPE_TO_TAG, decode_tensors, encode_tensors
+from exportir.export.serialize.values import (
     Decoder,
     encode_value,
     qualified_name,
@@ -214,7 +214,7 @@ def test_round_trip_hand_built(program: ExportedProgram, saved: bytes) -> None:
 
 
 def test_loaded_meta_vals_are_fake_tensors(saved: bytes) -> None:
-    from exportir.export.fake import FakeTensor
+    from exportir.export.capture.fake import FakeTensor
 
     loaded = from_bytes(saved)
     for node in loaded.graph.nodes:
@@ -371,7 +371,7 @@ def test_range_constraints_codec() -> None:
     from torch.utils._sympy.numbers import int_oo
     from torch.utils._sympy.value_ranges import ValueRanges
 
-    from exportir.export.serialize_program import (
+    from exportir.export.serialize.program import (
         decode_range_constraints,
         encode_range_constraints,
     )

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 import exportir.export as ours
-from exportir.export import _meta_memo, fake
-from exportir.export.dynamic_shapes import Dim
+from exportir.export.capture import _meta_memo, fake
+from exportir.export.dynamic.dims import Dim
 
 
 def _encoder(layers: int = 3) -> nn.Module:

@@ -33,7 +33,7 @@ from exportir.export import (
     SpecViolationError,
     TensorArgument,
 )
-from exportir.export.verifier import (
+from exportir.export.program.verifier import (
     NodeSpecViolationError,
     TrainingIRVerifier,
     Verifier,

@@ -192,7 +192,7 @@ def run_xpt(data: bytes) -> dict[str, str]:
 
 def run_pt2(data: bytes) -> dict[str, str]:
     import exportir
-    from exportir.export.serialize_common import SerializationError
+    from exportir.export.serialize.common import SerializationError
 
     try:
         ep = exportir.load(io.BytesIO(data))

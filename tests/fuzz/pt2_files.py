@@ -20,7 +20,7 @@ from typing import Any
 
 from xpt_files import get, interesting_int, paths, put
 
-from exportir.export.serialize_archive import MANIFEST, write_archive
+from exportir.export.serialize.archive import MANIFEST, write_archive
 
 Members = dict[str, bytes]
 

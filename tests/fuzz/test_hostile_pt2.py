@@ -13,7 +13,7 @@ import torch
 from pt2_files import assemble, disassemble
 
 import exportir
-from exportir.export.serialize_common import SerializationError
+from exportir.export.serialize.common import SerializationError
 
 
 class _Model(torch.nn.Module):

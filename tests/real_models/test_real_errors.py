@@ -17,8 +17,8 @@ import torch
 from corpus import real_models as R
 
 import exportir
-from exportir.export.capture import ExportError
-from exportir.export.dynamic_shapes import UserError
+from exportir.export.capture.recorder import ExportError
+from exportir.export.dynamic.dims import UserError
 
 _TESTS = Path(__file__).resolve().parent.parent
 _SRC = _TESTS.parent / "src"

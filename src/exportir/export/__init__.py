@@ -11,14 +11,15 @@ import types
 from typing import Any
 
 from exportir.export._export import DraftExportReport, draft_export, export
-from exportir.export.dynamic_shapes import Dim, ShapesCollection, dims
-from exportir.export.exported_program import (
+from exportir.export.dynamic.dims import Dim, ShapesCollection, dims
+from exportir.export.program.exported_program import (
     ExportedProgram,
     ModuleCallEntry,
     ModuleCallSignature,
     default_decompositions,
 )
-from exportir.export.serialize import load, save
+from exportir.export.program.verifier import SpecViolationError, Verifier
+from exportir.export.serialize.save_load import load, save
 from exportir.export.signature import (
     ConstantArgument,
     CustomObjArgument,
@@ -34,7 +35,6 @@ from exportir.export.signature import (
     TensorArgument,
     TokenArgument,
 )
-from exportir.export.verifier import SpecViolationError, Verifier
 from exportir.pytree import register_dataclass
 
 __all__ = [

@@ -6,12 +6,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import sympy
 import torch
 
-from exportir.export._inputs import check_binding
-from exportir.export._module_call import ModuleCallRecorder
-from exportir.export.capture import capture
-from exportir.symbolic import Assumption
+from exportir.export.capture._inputs import check_binding
+from exportir.export.capture._module_call import ModuleCallRecorder
+from exportir.export.capture.recorder import capture
+from exportir.export.control_flow.rules import CONTROL_FLOW
+from exportir.export.dynamic import _constraints
+from exportir.export.dynamic._symbols import make_sizes
+from exportir.export.dynamic.dims import plan_dims
+from exportir.export.program.exported_program import ExportedProgram
+from exportir.export.signature import InputKind
+from exportir.symbolic import Assumption, ShapeEnv, ValueRanges
 
 __all__ = ["DraftExportReport", "draft_export", "export"]
 
@@ -124,7 +131,7 @@ def _export(
         if dynamic_shapes is not None:
             result, ranges = _capture_dynamic(mod, args, kwargs, dynamic_shapes, draft)
         else:
-            result = capture(mod, args, kwargs, draft=draft)
+            result = capture(mod, args, kwargs, draft=draft, extension=CONTROL_FLOW)
             ranges = result.range_constraints
     call_graph = calls.apply(result.graph_module, result.signature, result.module_call_graph)
     ep = _program(result, args, kwargs, ranges, call_graph)
@@ -136,25 +143,18 @@ def _capture_dynamic(
 ) -> tuple[Any, dict[Any, Any]]:
     """Capture with backed symbols for the marked dims; check the guards against the spec
     (docs/dev/dynamic-plan.md, "export -> capture with dynamic_shapes")."""
-    from exportir.export import _constraints
-    from exportir.export.dynamic_shapes import plan_dims
-    from exportir.symbolic import ShapeEnv
-
     plan = plan_dims(mod, args, kwargs, dynamic_shapes)
     shape_env = ShapeEnv()
-    sizes, table = plan.make_sizes(shape_env)
-    result = capture(mod, args, kwargs, shape_env=shape_env, symbolic_sizes=sizes, draft=draft)
+    sizes, table = make_sizes(plan, shape_env)
+    result = capture(
+        mod, args, kwargs, shape_env=shape_env, symbolic_sizes=sizes, draft=draft,
+        extension=CONTROL_FLOW,
+    )  # fmt: skip
     solution = _constraints.solve(table, shape_env.guards, shape_env.replacements)
     return result, _range_constraints(result, solution)
 
 
 def _range_constraints(result: Any, solution: Any) -> dict[Any, Any]:
-    import sympy
-
-    from exportir.export import _constraints
-    from exportir.export.signature import InputKind
-    from exportir.symbolic import ValueRanges
-
     placeholders = result.graph_module.graph.find_nodes(op="placeholder")
     sizes = [
         size
@@ -200,8 +200,6 @@ class _FunctionModule(torch.nn.Module):
 def _program(
     result: Any, args: tuple, kwargs: dict, range_constraints: Any, call_graph: list[Any]
 ) -> Any:
-    from exportir.export.exported_program import ExportedProgram
-
     # unbacked symbols (u0 from .item(), nonzero...) keep the ranges capture found for them
     unbacked = {k: v for k, v in (result.range_constraints or {}).items() if str(k)[:1] == "u"}
     range_constraints = {**(range_constraints or {}), **unbacked}

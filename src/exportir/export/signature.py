@@ -6,6 +6,10 @@ placeholder and one ``OutputSpec`` per output, in graph order, and answers the u
 (``inputs_to_parameters``, ``buffers_to_mutate``, ...) from a lazily built index, so every view
 is O(1) after the first access. Names, fields and the printed text follow
 ``torch.export.graph_signature``.
+
+``ModuleCallSignature`` / ``ModuleCallEntry`` (the module call graph's entries, which capture
+builds and the program holds) live here too, at the bottom of the export rooms; torch defines them
+in ``torch.export.exported_program``, which ``exportir.export.exported_program`` mirrors.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from typing import Any, TypeAlias
 
 import torch
 
+from exportir import pytree
+from exportir.fx.node import Node
+
 __all__ = [
     "ArgumentSpec",
     "ConstantArgument",
@@ -27,6 +34,8 @@ __all__ = [
     "ExportGraphSignature",
     "InputKind",
     "InputSpec",
+    "ModuleCallEntry",
+    "ModuleCallSignature",
     "OutputKind",
     "OutputSpec",
     "SymBoolArgument",
@@ -511,3 +520,30 @@ def make_argument_spec(node: Any, token_names: Iterable[str] = ()) -> ArgumentSp
         "exported graph's values are tensors, SymInt/SymFloat/SymBool, script objects or "
         "Python constants"
     )
+
+
+# ---------------------------------------------------------------------------- module calls
+
+
+@dataclass(slots=True)
+class ModuleCallSignature:
+    """Flat inputs/outputs and pytree specs of one (preserved) module call."""
+
+    inputs: list[ArgumentSpec]
+    outputs: list[ArgumentSpec]
+    in_spec: pytree.TreeSpec
+    out_spec: pytree.TreeSpec
+    forward_arg_names: list[str] | None = None
+
+    def replace_all_uses_with(self, original_node: Node, new_node: Node) -> None:
+        """Rename arguments naming ``original_node`` to ``new_node``'s name."""
+        for args in (self.inputs, self.outputs):
+            for i, arg in enumerate(args):
+                if getattr(arg, "name", None) == original_node.name:
+                    args[i] = dataclasses.replace(arg, name=new_node.name)
+
+
+@dataclass(slots=True)
+class ModuleCallEntry:
+    fqn: str
+    signature: ModuleCallSignature | None = None

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from exportir import pytree
-from exportir.export.exported_program import (
+from exportir.export.program.exported_program import (
     ExportedProgram,
     _rename_call_graph,
     _signature_after_rewrite,
@@ -122,11 +122,12 @@ def _one_node_graph(node: Node, inputs: list[Node]) -> GraphModule:
 def _decomposed(
     node: Node, inputs: list[Node], table: dict[Any, Callable[..., Any]], edge: bool
 ) -> GraphModule:
-    from exportir.export._retrace import retrace  # capture builds on export, not on passes
+    from exportir.export.capture._retrace import retrace  # capture builds on export, not on passes
+    from exportir.export.control_flow.rules import CONTROL_FLOW
 
     one = _one_node_graph(node, inputs)
     fakes = [inp.meta.get("val") for inp in inputs]
-    sub = retrace(one, fakes, decomposition_table=table)
+    sub = retrace(one, fakes, decomposition_table=table, extension=CONTROL_FLOW)
     if any(n.op == "get_attr" for n in sub.graph.nodes):
         raise NotImplementedError(
             f"decomposing node {node.name} ({node.target}) creates tensor constants, which a "

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
-from exportir.export.control_flow import LIFTED_OPERANDS_ARG, SUBGRAPH_ARGS
-from exportir.export.fake import fake_like
+from exportir.export.capture.fake import fake_like
+from exportir.export.control_flow.rules import LIFTED_OPERANDS_ARG, SUBGRAPH_ARGS
 from exportir.export.signature import (
     ExportGraphSignature,
     InputKind,

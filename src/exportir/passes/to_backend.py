@@ -45,14 +45,14 @@ from exportir.dialects.backend import (
 )
 from exportir.dialects.edge.config import CONFIG_META_KEY, EdgeCompileConfig
 from exportir.dialects.edge.verifier import EdgeVerifier
-from exportir.export.exported_program import (
+from exportir.export.capture.fake import shape_env_of
+from exportir.export.program.exported_program import (
     ExportedProgram,
     ModuleCallEntry,
     ModuleCallSignature,
     _rename_call_graph,
     _signature_after_rewrite,
 )
-from exportir.export.fake import shape_env_of
 from exportir.export.signature import (
     ExportGraphSignature,
     InputKind,

@@ -27,7 +27,7 @@ from typing import Any
 
 from exportir.dialects.edge.config import CONFIG_META_KEY, EdgeCompileConfig
 from exportir.dialects.edge.verifier import EdgeVerifier
-from exportir.export.exported_program import ExportedProgram, default_decompositions
+from exportir.export.program.exported_program import ExportedProgram, default_decompositions
 from exportir.export.signature import ExportGraphSignature
 from exportir.passes.edge_decompositions import edge_decompositions
 from exportir.passes.scalar_to_tensor import scalar_to_tensor

@@ -34,7 +34,7 @@ from torch._ops import OpOverload
 
 from exportir.dialects.backend import Partitioner
 from exportir.dialects.edge.config import EdgeCompileConfig
-from exportir.export.exported_program import ExportedProgram
+from exportir.export.program.exported_program import ExportedProgram
 from exportir.fx.node import Node
 from exportir.fx.passes.infra.pass_manager import PassManager
 from exportir.passes.decompose_nodes import aten_op_of, decompose_nodes

@@ -19,8 +19,8 @@ from typing import Any
 
 from exportir.dialects.backend.lowered import LoweredBackendModule, executorch_call_delegate
 from exportir.dialects.edge.verifier import EdgeVerifier, user_source_line
+from exportir.export.program.verifier import NodeSpecViolationError
 from exportir.export.signature import InputKind
-from exportir.export.verifier import NodeSpecViolationError
 from exportir.fx.graph_module import GraphModule
 from exportir.fx.node import Node
 

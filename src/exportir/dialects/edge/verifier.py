@@ -40,7 +40,7 @@ from exportir.dialects.edge.constraints import (
     tensor_variable_names,
 )
 from exportir.dialects.edge.ops import EdgeOpOverload
-from exportir.export.verifier import NodeSpecViolationError, Verifier
+from exportir.export.program.verifier import NodeSpecViolationError, Verifier
 from exportir.fx.graph_module import GraphModule
 from exportir.fx.node import Node
 

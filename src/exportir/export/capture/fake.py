@@ -31,8 +31,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves as pytree_leaves
 
-from exportir.export._meta_memo import memo_key, memoizable, rebuild, template_of
-from exportir.export._unbacked import UNBACKED_RULES, custom_fake_impl, fake_impl_context
+from exportir.export.capture._meta_memo import memo_key, memoizable, rebuild, template_of
+from exportir.export.capture._unbacked import UNBACKED_RULES, custom_fake_impl, fake_impl_context
 from exportir.symbolic import GuardOnDataDependentSymNode, ShapeEnv
 
 aten = torch.ops.aten

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, Any, Self
 
-from exportir.export.serialize_common import (
+from exportir.export.serialize.common import (
     FORMAT_MAJOR,
     FORMAT_MINOR,
     FORMAT_NAME,

@@ -18,7 +18,7 @@ from typing import Any
 
 from torch._ops import HigherOrderOperator, OpOverload
 
-from exportir.export.serialize_common import (
+from exportir.export.serialize.common import (
     as_dict,
     as_list,
     as_str,
@@ -27,7 +27,7 @@ from exportir.export.serialize_common import (
     fail,
     guarded,
 )
-from exportir.export.serialize_values import (
+from exportir.export.serialize.values import (
     Decoder,
     check_operator_ints,
     encode_target,

@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
-from exportir.export._node_meta import node_name
-from exportir.export._view_steps import ViewStep, invertible, scatter_back
-from exportir.export.fake import FakeConverter, run_fake
+from exportir.export.capture._node_meta import node_name
+from exportir.export.capture._view_steps import ViewStep, invertible, scatter_back
+from exportir.export.capture.fake import FakeConverter, run_fake
 from exportir.fx import Graph, Node
 
 aten = torch.ops.aten

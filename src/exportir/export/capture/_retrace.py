@@ -1,6 +1,6 @@
 """Re-tracing a captured graph: how ``run_decompositions`` (and node-level decomposition) work.
 
-The graph's nodes are re-run, one by one, through a fresh :class:`~exportir.export.capture.
+The graph's nodes are re-run, one by one, through a fresh :class:`~exportir.export.capture.recorder.
 Recorder` whose decomposition table decides, op by op, what is replaced by its decomposition;
 composite ops the table does not name stay whole (``_composite.composite_plan``).
 """
@@ -13,15 +13,17 @@ from typing import Any
 import torch
 
 from exportir import pytree
-from exportir.export.capture import (
+from exportir.export.capture._finalize import finalize_retrace
+from exportir.export.capture._view_replay import ViewReplay, mutation_roots
+from exportir.export.capture.extension import NO_EXTENSION, CaptureExtension
+from exportir.export.capture.fake import fake_like, shape_env_of
+from exportir.export.capture.recorder import (
     CaptureMode,
     Lifted,
     Recorder,
     TraceSettings,
-    _control_flow,
     _output_value,
 )
-from exportir.export.fake import fake_like, shape_env_of
 from exportir.fx import GraphModule, Node
 
 aten = torch.ops.aten
@@ -33,22 +35,26 @@ def retrace(
     *,
     decomposition_table: dict | None = None,
     mutation_outputs: frozenset[str] = frozenset(),
+    extension: CaptureExtension = NO_EXTENSION,
 ) -> GraphModule:
     """Re-run a captured graph through the recorder, decomposing ops found in the table.
 
-    See :func:`_retrace_once`. Functionalizing the result can make ops the table names (the
+    See :func:`_retrace_once`; ``extension`` re-traces what the rooms above capture recorded
+    (control flow: pass its extension when the graph may hold cond / map / while_loop). Functionalizing the result can make ops the table names (the
     view ops of in-place view ops a decomposition used: ``stft``'s ``transpose_`` becomes a
     ``transpose``); as torch's decomposition decomposes what its functionalization makes, a
     second pass over the (now functional) graph decomposes those.
     """
     out = _retrace_once(
         gm, flat_fake_inputs, decomposition_table=decomposition_table,
-        mutation_outputs=mutation_outputs,
+        mutation_outputs=mutation_outputs, extension=extension,
     )  # fmt: skip
     if not decomposition_table or not _calls_any(out, decomposition_table):
         return out
     fakes = [n.meta["val"] for n in out.graph.find_nodes(op="placeholder")]
-    return _retrace_once(out, fakes, decomposition_table=decomposition_table)
+    return _retrace_once(
+        out, fakes, decomposition_table=decomposition_table, extension=extension
+    )
 
 
 def _calls_any(gm: GraphModule, table: dict) -> bool:
@@ -61,6 +67,7 @@ def _retrace_once(
     *,
     decomposition_table: dict | None = None,
     mutation_outputs: frozenset[str] = frozenset(),
+    extension: CaptureExtension = NO_EXTENSION,
 ) -> GraphModule:
     """Re-run a captured graph through the recorder, decomposing ops found in the table.
 
@@ -71,9 +78,6 @@ def _retrace_once(
     ``mutation_outputs`` names the nodes holding mutated inputs' new values: views of them are
     regenerated before each use, as torch's functionalization does (_view_replay.py).
     """
-    from exportir.export._finalize import finalize_retrace
-    from exportir.export._view_replay import ViewReplay, mutation_roots
-
     table = dict(decomposition_table or {})
     if table:
         table = {**_ALWAYS_DECOMPOSED, **table}
@@ -101,7 +105,7 @@ def _retrace_once(
     try:
         # as torch's re-trace: no autograd (parameters still require grad, what they compute
         # does not -- composite kernels such as matmul's branch on it)
-        with torch.no_grad(), TraceSettings(rec.whole), CaptureMode(rec), _control_flow().ControlFlowMode():
+        with torch.no_grad(), TraceSettings(rec.whole), CaptureMode(rec), extension.mode():
             for node in gm.graph.nodes:
                 if node.op == "call_function":
                     rec.origin = node
@@ -123,7 +127,7 @@ def _retrace_once(
         rec.origin = result if known else output
         flat_out.extend(_output_value(rec, o) for o in pytree.tree_leaves(_lookup(result, env)))
     rec.graph.output(tuple(flat_out))
-    return _control_flow().attach_subgraphs(finalize_retrace(rec), rec.subgraphs)
+    return extension.finish(finalize_retrace(rec), rec.subgraphs)
 
 
 def _lift_fresh_copy(t: torch.Tensor) -> torch.Tensor:

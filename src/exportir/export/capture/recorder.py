@@ -25,15 +25,19 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from exportir import pytree
-from exportir.export._composite import (
+from exportir.export.capture._composite import (
     CompositeOverrides,
     composite_plan,
     composite_value,
     with_grad_of,
 )
-from exportir.export._inputs import bind_inputs, flatten_with_names, forward_arg_names
-from exportir.export._layout_watch import LayoutWatch
-from exportir.export._node_meta import (
+from exportir.export.capture._constant_result import DataDependentHooks
+from exportir.export.capture._finalize import finalize
+from exportir.export.capture._indexing import SymIndexing
+from exportir.export.capture._inputs import bind_inputs, flatten_with_names, forward_arg_names
+from exportir.export.capture._layout_watch import LayoutWatch
+from exportir.export.capture._module_state import ModuleState
+from exportir.export.capture._node_meta import (
     ModuleCalls,
     TorchFunctions,
     current_stack_trace,
@@ -41,13 +45,17 @@ from exportir.export._node_meta import (
     node_name,
     source_fn_entry,
 )
-from exportir.export.fake import (
+from exportir.export.capture._runtime_asserts import insert_runtime_asserts, range_constraints
+from exportir.export.capture.extension import NO_EXTENSION, CaptureExtension
+from exportir.export.capture.fake import (
     FakeConverter,
     FakeTensor,
     fake_like,
     fakify,
     run_fake,
 )
+from exportir.export.capture.functionalize import view_base
+from exportir.export.signature import ModuleCallEntry, ModuleCallSignature
 from exportir.fx import Graph, GraphModule, Node
 from exportir.symbolic import ShapeEnv
 
@@ -523,8 +531,6 @@ def _check_mutations(rec: Recorder, func: Any, args: tuple, kwargs: dict) -> Non
 
 def _root_of(node: Node) -> Node:
     """Follow view ops back to the tensor whose storage they share."""
-    from exportir.export.functionalize import view_base
-
     while True:
         base = view_base(node)
         if base is None:
@@ -613,20 +619,16 @@ def capture(
     symbolic_sizes: dict[int, dict[int, Any]] | None = None,
     dims_spec: DimsSpec | None = None,
     draft: bool = False,
+    extension: CaptureExtension = NO_EXTENSION,
 ) -> CaptureResult:
     """Run ``mod(*args, **kwargs)`` on fakes; return the functional, lifted graph and its specs.
 
     ``symbolic_sizes`` (``{id(example tensor): {dim: sympy expr}}``, built by
     export/dynamic_shapes.py with symbols of ``shape_env``) or ``dims_spec`` (the same per flat
     input position) make input dimensions symbolic. ``draft=True`` decides data-dependent
-    branches by the example inputs, checked by runtime asserts (draft_export).
+    branches by the example inputs, checked by runtime asserts (draft_export). ``extension``
+    adds what the rooms above capture trace (control flow).
     """
-    from exportir.export._constant_result import DataDependentHooks
-    from exportir.export._finalize import finalize
-    from exportir.export._indexing import SymIndexing
-    from exportir.export._module_state import ModuleState
-    from exportir.export._runtime_asserts import insert_runtime_asserts, range_constraints
-
     rec = Recorder(shape_env=shape_env)
     _lift_module_state(rec, mod)
     flat, in_spec = pytree.tree_flatten((args, kwargs))
@@ -640,7 +642,7 @@ def capture(
         with ModuleState(mod) as state, ModuleCalls(mod) as calls, TorchFunctions() as functions:
             rec.modules, rec.functions = calls, functions
             with ExportingFlags(), TraceSettings(rec.whole), CaptureMode(rec), \
-                    _control_flow().ControlFlowMode(), SymIndexing(), \
+                    extension.mode(), SymIndexing(), \
                     DataDependentHooks(rec, mod, draft=draft):
                 out = mod(*fake_args, **fake_kwargs)
                 reassigned = {
@@ -653,7 +655,7 @@ def capture(
         env.op_listener = None
     insert_runtime_asserts(rec.graph, env)
     gm, signature = finalize(rec, reassigned)
-    _control_flow().attach_subgraphs(gm, rec.subgraphs)
+    gm = extension.finish(gm, rec.subgraphs)
     return CaptureResult(
         graph_module=gm,
         signature=signature,
@@ -804,16 +806,8 @@ def _constants(rec: Recorder) -> dict[str, torch.Tensor]:
 
 
 def _module_call_graph(mod: torch.nn.Module, in_spec: Any, out_spec: Any, names: list[str]) -> list:
-    from exportir.export.exported_program import ModuleCallEntry, ModuleCallSignature
-
     root = ModuleCallEntry(
         "", ModuleCallSignature([], [], in_spec, out_spec, forward_arg_names=names)
     )
     return [root] + [ModuleCallEntry(fqn) for fqn, _ in mod.named_modules() if fqn]
 
-
-def _control_flow() -> Any:
-    """control_flow.py captures torch.cond / map / while_loop (it builds on this module)."""
-    from exportir.export import control_flow
-
-    return control_flow

@@ -34,7 +34,7 @@ import torch
 from torch._decomp import _should_decompose_because_unsafe_op
 from torch._ops import OpOverload
 
-from exportir.export.fake import FakeConverter, FakeTensor, FakeTensorMode, run_fake
+from exportir.export.capture.fake import FakeConverter, FakeTensor, FakeTensorMode, run_fake
 
 aten = torch.ops.aten
 _DK = torch._C.DispatchKey

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from exportir.export.fake import FakeTensor, _no_modes, layout_of
+from exportir.export.capture.fake import FakeTensor, _no_modes, layout_of
 from exportir.fx import Graph
 
 

@@ -18,8 +18,7 @@ from typing import Any
 import torch
 
 from exportir import pytree
-from exportir.export.exported_program import ModuleCallEntry, ModuleCallSignature
-from exportir.export.serialize_common import (
+from exportir.export.serialize.common import (
     SerializationError,
     as_bool,
     as_dict,
@@ -31,13 +30,15 @@ from exportir.export.serialize_common import (
     guarded,
     loads_json,
 )
-from exportir.export.serialize_values import Decoder, encode_value
+from exportir.export.serialize.values import Decoder, encode_value
 from exportir.export.signature import (
     ConstantArgument,
     CustomObjArgument,
     ExportGraphSignature,
     InputKind,
     InputSpec,
+    ModuleCallEntry,
+    ModuleCallSignature,
     OutputKind,
     OutputSpec,
     SymBoolArgument,

@@ -37,7 +37,11 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from exportir import pytree
-from exportir.export._cf_trace import (
+from exportir.export.capture._node_meta import innermost_user_frame
+from exportir.export.capture.extension import CaptureExtension
+from exportir.export.capture.fake import FakeTensor, _no_modes, fake_from_meta, fake_like, meta_of
+from exportir.export.capture.recorder import CaptureMode, Recorder
+from exportir.export.control_flow._trace import (
     LIFTED_OPERANDS_ARG,
     SUBGRAPH_ARGS,
     ControlFlowError,
@@ -49,13 +53,11 @@ from exportir.export._cf_trace import (
     lifted_union,
     trace_body,
 )
-from exportir.export._node_meta import innermost_user_frame
-from exportir.export.capture import CaptureMode, Recorder
-from exportir.export.fake import FakeTensor, _no_modes, fake_from_meta, fake_like, meta_of
 
 higher_order = torch.ops.higher_order
 
 __all__ = [
+    "CONTROL_FLOW",
     "LIFTED_OPERANDS_ARG",
     "SUBGRAPH_ARGS",
     "ControlFlowError",
@@ -402,3 +404,8 @@ RULES: dict[Any, Callable[..., Any]] = {
     higher_order.map_impl: capture_map,
     higher_order.while_loop: capture_while_loop,
 }
+
+
+# what capture and retrace take to record control flow (the control-flow room builds on capture,
+# so capture cannot import it: export and run_decompositions pass this in)
+CONTROL_FLOW = CaptureExtension(ControlFlowMode, attach_subgraphs)

@@ -32,8 +32,8 @@ from torch._ops import (
     _OpNamespace,
 )
 
-from exportir.export.fake import FakeTensor
-from exportir.export.serialize_common import (
+from exportir.export.capture.fake import FakeTensor
+from exportir.export.serialize.common import (
     LIMITS,
     SerializationError,
     as_bool,

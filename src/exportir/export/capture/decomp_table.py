@@ -20,7 +20,7 @@ from typing import Any
 
 from torch._ops import OpOverload
 
-from exportir.export import _composite, _decompositions
+from exportir.export.capture import _composite, _decompositions
 
 __all__ = ["CustomDecompTable", "as_plain_table", "cia_decomposition"]
 

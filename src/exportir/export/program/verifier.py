@@ -51,7 +51,7 @@ from exportir.fx.lint import graph_window
 from exportir.fx.node import Node
 
 if TYPE_CHECKING:
-    from exportir.export.exported_program import ExportedProgram
+    from exportir.export.program.exported_program import ExportedProgram
 
 __all__ = [
     "NodeSpecViolationError",

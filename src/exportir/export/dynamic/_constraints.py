@@ -27,7 +27,7 @@ from typing import Any
 
 import sympy
 
-from exportir.export.dynamic_shapes import DimSpec, UserError, UserErrorType
+from exportir.export.dynamic.dims import Dim, DimSpec, UserError, UserErrorType
 
 __all__ = ["Range", "Solution", "SymbolInfo", "SymbolTable", "solve"]
 
@@ -397,8 +397,6 @@ class _Checker:
         implied = self.facts.ranges.get(c.symbol, user) & Range(max(user.lower, _DEFAULT_LOW), user.upper)
         low = max(1, -(-(implied.lower + c.offset) // c.divisor))
         high = _INF if implied.upper == _INF else (implied.upper + c.offset) // c.divisor
-        from exportir.export.dynamic_shapes import Dim
-
         root = f"_{name}"
         root_dim = Dim._readable(root, low, "int_oo" if high == _INF else high)
         self.dims[root] = f"{root} = " + root_dim.replace(", max=int_oo", "")
@@ -426,8 +424,6 @@ class _Checker:
             f"generated guard {both.lower} <= {src} and {src} <= {_fmt_bound(both.upper)}",
             self.facts.bound_frames.get(info.symbol, []),
         ))
-        from exportir.export.dynamic_shapes import Dim
-
         max_ = "int_oo" if both.upper == _INF else both.upper
         self.dims[name] = f"{name} = " + Dim._readable(name, both.lower, max_).replace(
             ", max=int_oo", ""

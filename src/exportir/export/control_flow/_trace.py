@@ -1,7 +1,7 @@
 """Tracing one branch / loop body of a control-flow operator into a subgraph GraphModule.
 
 Shared by the ``cond``, ``map_impl`` and ``while_loop`` rules of control_flow.py. A
-:class:`SubgraphRecorder` is a :class:`~exportir.export.capture.Recorder` that records into its
+:class:`SubgraphRecorder` is a :class:`~exportir.export.capture.recorder.Recorder` that records into its
 own graph: the operator's explicit inputs (operands, mapped slices, carried values) are its
 first placeholders, and every tensor of an enclosing graph that the function reaches through a
 closure (an outer intermediate, a parameter, a buffer, a constant) is *lifted*: it becomes a
@@ -27,12 +27,12 @@ from typing import Any
 import torch
 
 from exportir import pytree
-from exportir.export._node_meta import innermost_user_frame
-from exportir.export.capture import CaptureMode, ExportError, Recorder
+from exportir.export.capture._node_meta import innermost_user_frame
+from exportir.export.capture.recorder import CaptureMode, ExportError, Recorder
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
-from exportir.export.fake import FakeTensor
-from exportir.export.functionalize import functionalize, view_base
+from exportir.export.capture.fake import FakeTensor, fake_like
+from exportir.export.capture.functionalize import functionalize, view_base
 from exportir.fx import Graph, GraphModule, Node
 
 higher_order = torch.ops.higher_order
@@ -139,8 +139,6 @@ def _with_body_frame(trace: str) -> str:
 
 
 def _fresh_fake(t: torch.Tensor) -> FakeTensor:
-    from exportir.export.fake import fake_like
-
     return fake_like(t, requires_grad=False)
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exportir.export.functionalize import Functionalizer, functionalize
+from exportir.export.capture.functionalize import Functionalizer, functionalize
 from exportir.export.signature import (
     ExportGraphSignature,
     InputKind,
@@ -24,7 +24,7 @@ from exportir.export.signature import (
 from exportir.fx import Graph, GraphModule, Node
 
 if TYPE_CHECKING:
-    from exportir.export.capture import Lifted, Recorder
+    from exportir.export.capture.recorder import Lifted, Recorder
 
 _INPUT_KINDS = {
     "parameter": InputKind.PARAMETER,

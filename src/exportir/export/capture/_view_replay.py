@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from exportir.export.functionalize import is_view_op
+from exportir.export.capture.functionalize import is_view_op
 from exportir.fx import Node
 
 # views by schema, plus ``_unsafe_view``, which functionalization treats as a view

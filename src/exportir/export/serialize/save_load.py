@@ -25,9 +25,10 @@ from typing import IO, Any
 import torch
 
 import exportir
-from exportir.export.exported_program import ExportedProgram
-from exportir.export.serialize_archive import Archive, write_archive
-from exportir.export.serialize_common import (
+from exportir.export.program.exported_program import ExportedProgram
+from exportir.export.program.verifier import SpecViolationError, load_verifier
+from exportir.export.serialize.archive import Archive, write_archive
+from exportir.export.serialize.common import (
     LIMITS,
     SerializationError,
     as_dict,
@@ -38,8 +39,8 @@ from exportir.export.serialize_common import (
     fail,
     loads_json,
 )
-from exportir.export.serialize_graph import decode_graph_module, encode_graph_module
-from exportir.export.serialize_program import (
+from exportir.export.serialize.graph import decode_graph_module, encode_graph_module
+from exportir.export.serialize.program import (
     decode_example_inputs,
     decode_module_call_graph,
     decode_range_constraints,
@@ -52,9 +53,8 @@ from exportir.export.serialize_program import (
     encode_tensor_infos,
     rebuild_tensors,
 )
-from exportir.export.serialize_tensors import decode_tensors, encode_tensors
+from exportir.export.serialize.tensors import decode_tensors, encode_tensors
 from exportir.export.signature import ExportGraphSignature, InputKind
-from exportir.export.verifier import SpecViolationError, load_verifier
 from exportir.fx.graph_module import GraphModule
 
 __all__ = ["SerializationError", "load", "save"]

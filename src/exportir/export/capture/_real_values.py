@@ -27,7 +27,7 @@ from exportir.fx import Node
 from exportir.fx.node import map_aggregate
 
 if TYPE_CHECKING:
-    from exportir.export.capture import Recorder
+    from exportir.export.capture.recorder import Recorder
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 

@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any, Self
 import torch
 
 from exportir import pytree
-from exportir.export._real_values import RealValues
-from exportir.export.fake import fake_like
+from exportir.export.capture._real_values import RealValues
+from exportir.export.capture.fake import fake_like
 
 if TYPE_CHECKING:
-    from exportir.export.capture import Recorder
+    from exportir.export.capture.recorder import Recorder
 
 _MARK = "_dynamo_marked_constant"
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from exportir.export.serialize_common import (
+from exportir.export.serialize.common import (
     LIMITS,
     SerializationError,
     as_dict,

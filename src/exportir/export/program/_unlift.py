@@ -32,7 +32,7 @@ from exportir.fx.graph_module import GraphModule
 from exportir.fx.node import Node
 
 if TYPE_CHECKING:
-    from exportir.export.exported_program import ExportedProgram
+    from exportir.export.program.exported_program import ExportedProgram
 
 __all__ = ["check_input_constraints", "check_inputs_match", "reorder_kwargs", "unlift"]
 

@@ -18,11 +18,12 @@ from typing import Any, Self
 import torch
 
 from exportir import pytree
-from exportir.export.exported_program import ModuleCallEntry, ModuleCallSignature
 from exportir.export.signature import (
     ArgumentSpec,
     ConstantArgument,
     ExportGraphSignature,
+    ModuleCallEntry,
+    ModuleCallSignature,
     TensorArgument,
 )
 from exportir.fx.graph_module import GraphModule

@@ -1,0 +1,1 @@
+"""exportir.export.capture: see docs/export.md, "Layout"."""

@@ -1,0 +1,1 @@
+"""exportir.export.control_flow: see docs/export.md, "Layout"."""

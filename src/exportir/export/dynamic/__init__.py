@@ -1,0 +1,1 @@
+"""exportir.export.dynamic: see docs/export.md, "Layout"."""

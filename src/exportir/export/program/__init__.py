@@ -1,0 +1,1 @@
+"""exportir.export.program: see docs/export.md, "Layout"."""

@@ -1,0 +1,1 @@
+"""exportir.export.serialize: see docs/export.md, "Layout"."""

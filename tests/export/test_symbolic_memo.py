@@ -1,4 +1,4 @@
-"""Meta results on symbolic sizes are memoized per ShapeEnv (export/_meta_memo.py): repeated
+"""Meta results are memoized (export/capture/_meta_memo.py; per ShapeEnv on symbolic sizes, process-wide on concrete ones): repeated
 layers replay the first layer's output metadata. The program must not change: same graph as
 with the memo off, same numerics as eager at several sizes."""
 
@@ -50,3 +50,41 @@ def test_ops_that_write_or_create_unbacked_symbols_are_not_memoized():
     assert not _meta_memo.memoizable(aten.copy_.default)
     assert not _meta_memo.memoizable(aten._local_scalar_dense.default)  # returns a Scalar
     assert not _meta_memo.memoizable(aten.sym_size.int)
+
+
+def test_concrete_sizes_share_one_memo_across_exports_without_changing_the_program(monkeypatch):
+    mod = _encoder()
+    x = (torch.randn(3, 5, 8),)
+    _meta_memo.STATIC_MEMO.entries.clear()
+    first = ours.export(mod, x)
+    filled = len(_meta_memo.STATIC_MEMO.entries)
+    assert filled > 0  # static shapes: the memo is the process-wide one
+    again = ours.export(mod, x)
+    assert len(_meta_memo.STATIC_MEMO.entries) == filled  # every op found its entry
+    monkeypatch.setattr(fake, "memoizable", lambda func: False)
+    without = ours.export(mod, x)
+    vals = lambda ep: [str(n.meta.get("val")) for n in ep.graph.nodes]
+    assert first.graph_module.code == again.graph_module.code == without.graph_module.code
+    assert vals(first) == vals(again) == vals(without)
+
+
+class _Ramp(nn.Module):
+    def forward(self, x):
+        return x, torch.arange(0.0, 4.0)  # a float range: torch's default dtype
+
+
+def test_concrete_memo_follows_the_default_dtype():
+    x = torch.ones(4, dtype=torch.float64)
+    ep32 = ours.export(_Ramp(), (x,))
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        ep64 = ours.export(_Ramp(), (x,))  # the same op on the same sizes, another result
+    finally:
+        torch.set_default_dtype(old)
+
+    def ramp_dtype(ep):
+        (out,) = ep.graph.find_nodes(op="output")
+        return out.args[0][1].meta["val"].dtype
+
+    assert (ramp_dtype(ep32), ramp_dtype(ep64)) == (torch.float32, torch.float64)

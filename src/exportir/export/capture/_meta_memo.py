@@ -41,42 +41,78 @@ def memoizable(func: Any) -> bool:
     return all(isinstance(r.type, torch.TensorType) for r in schema.returns)
 
 
-def _expr(x: Any) -> Any:
-    if isinstance(x, _SYM_TYPES):
-        e = x.node.expr
-        return int(e) if e.is_Integer else e
-    return x
+class _KeyBuilder:
+    """Builds a memo key; notes whether any size or scalar in it is symbolic."""
+
+    __slots__ = ("symbolic",)
+
+    def __init__(self) -> None:
+        self.symbolic = False
+
+    def expr(self, x: Any) -> Any:
+        if isinstance(x, _SYM_TYPES):
+            e = x.node.expr
+            if e.is_Integer:
+                return int(e)
+            self.symbolic = True
+            return e
+        return x
+
+    def key(self, x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            expr = self.expr
+            return (
+                "T",
+                tuple(expr(s) for s in x.shape),
+                tuple(expr(s) for s in x.stride()),
+                expr(x.storage_offset()),
+                x.dtype,
+                x.layout,
+            )
+        if isinstance(x, _SYM_TYPES):
+            self.symbolic = True
+            return ("S", x.node.pytype, x.node.expr)
+        if isinstance(x, (list, tuple)):
+            return (type(x).__name__, tuple(self.key(a) for a in x))
+        if isinstance(x, dict):
+            return ("D", tuple((k, self.key(v)) for k, v in x.items()))
+        try:
+            hash(x)
+        except TypeError:
+            raise _Uncacheable from None
+        return (type(x), x)  # 1, 1.0 and True hash alike: the type tells them apart
 
 
-def _key(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return (
-            "T",
-            tuple(_expr(s) for s in x.shape),
-            tuple(_expr(s) for s in x.stride()),
-            _expr(x.storage_offset()),
-            x.dtype,
-            x.layout,
-        )
-    if isinstance(x, _SYM_TYPES):
-        return ("S", x.node.pytype, x.node.expr)
-    if isinstance(x, (list, tuple)):
-        return (type(x).__name__, tuple(_key(a) for a in x))
-    if isinstance(x, dict):
-        return ("D", tuple((k, _key(v)) for k, v in x.items()))
+def memo_key(func: Any, args: Any, kwargs: Any) -> tuple[tuple | None, bool]:
+    """The memo key of ``func(*args, **kwargs)`` on meta tensors (None when not cacheable),
+    and whether it holds only concrete sizes (then it means the same in every ShapeEnv)."""
+    builder = _KeyBuilder()
     try:
-        hash(x)
-    except TypeError:
-        raise _Uncacheable from None
-    return (type(x), x)  # 1, 1.0 and True hash alike: the type tells them apart
-
-
-def memo_key(func: Any, args: Any, kwargs: Any) -> tuple | None:
-    """The memo key of ``func(*args, **kwargs)`` on meta tensors, or None when not cacheable."""
-    try:
-        return (func, _key(args), _key(kwargs))
+        key = (func, builder.key(args), builder.key(kwargs), torch.get_default_dtype())
     except _Uncacheable:
-        return None
+        return None, False
+    return key, not builder.symbolic
+
+
+class StaticMemo:
+    """The memo of ops on concrete sizes, shared by every capture in the process (as torch's
+    fake-tensor dispatch cache is): a result on concrete sizes does not depend on a ShapeEnv.
+    Bounded: when full it starts over."""
+
+    def __init__(self, capacity: int = 16384) -> None:
+        self.capacity = capacity
+        self.entries: dict[tuple, Any] = {}
+
+    def get(self, key: tuple) -> Any:
+        return self.entries.get(key)
+
+    def put(self, key: tuple, template: Any) -> None:
+        if len(self.entries) >= self.capacity:
+            self.entries.clear()
+        self.entries[key] = template
+
+
+STATIC_MEMO = StaticMemo()
 
 
 def template_of(out: Any, env: Any) -> Any:

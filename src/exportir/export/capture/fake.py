@@ -31,7 +31,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves as pytree_leaves
 
-from exportir.export.capture._meta_memo import memo_key, memoizable, rebuild, template_of
+from exportir.export.capture._meta_memo import (
+    STATIC_MEMO,
+    memo_key,
+    memoizable,
+    rebuild,
+    template_of,
+)
 from exportir.export.capture._unbacked import UNBACKED_RULES, custom_fake_impl, fake_impl_context
 from exportir.symbolic import GuardOnDataDependentSymNode, ShapeEnv
 
@@ -285,9 +291,10 @@ def shape_env_of(values: Any) -> ShapeEnv | None:
 
 
 def _call_meta_symbolic(func: Any, u: _Unwrapped, env: ShapeEnv) -> Any:
-    key = memo_key(func, u.args, u.kwargs) if memoizable(func) else None
+    key, static = memo_key(func, u.args, u.kwargs) if memoizable(func) else (None, False)
+    memo = STATIC_MEMO if static else env.op_memo
     if key is not None:
-        template = env.op_memo.get(key)
+        template = memo.get(key)
         if template is not None:
             with _no_modes():
                 return rebuild(template)
@@ -304,7 +311,10 @@ def _call_meta_symbolic(func: Any, u: _Unwrapped, env: ShapeEnv) -> Any:
     if key is not None:
         template = template_of(out, env)
         if template is not None and not any(id(o) in u.fakes for o in _leaves(out)):
-            env.op_memo[key] = template
+            if static:
+                STATIC_MEMO.put(key, template)
+            else:
+                env.op_memo[key] = template
     return out
 
 

@@ -456,7 +456,7 @@ def remove_state_update_copies(gm: GraphModule, signature: ExportGraphSignature)
             if is_copy and value.name in mutated:
                 value.replace_all_uses_with(value.args[1])
                 gm.graph.erase_node(value)
-    gm.recompile()
+    # (no recompile: the caller builds the new program's GraphModule from this graph)
 
 
 def _renamed(arg: ArgumentSpec, node: Any) -> ArgumentSpec:
@@ -514,8 +514,7 @@ def _drop_extra_outputs(gm: GraphModule, extra: list[Node]) -> dict[str, str]:
     output.args = (flat[:keep],)
     if isinstance(output.meta.get("val"), tuple):
         output.meta["val"] = output.meta["val"][:keep]
-    gm.graph.eliminate_dead_code()
-    gm.recompile()
+    gm.graph.eliminate_dead_code()  # (the new program's GraphModule generates the code)
     return renames
 
 

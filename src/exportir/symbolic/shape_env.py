@@ -379,6 +379,12 @@ class ShapeEnv:
             return static
         if hint is None:
             hint = self.hint_of(expr, bool if _is_bool(expr) else int)
+        if fallback_value is not None and hint == fallback_value:
+            # guard_or_true / guard_or_false: the caller is correct whichever way an undecided
+            # condition goes, and its default is the example's answer: no guard needed. (torch
+            # records one, narrowing the range: a `mask[:T]` contiguity check on a 128-row
+            # buffer made T=128 unreachable although the program is valid there.)
+            return fallback_value
         if hint is None:
             if fallback_value is not None:
                 return fallback_value

@@ -32,20 +32,71 @@ class ProgramLoadError(ValueError):
         super().__init__(f"{', '.join(where)}: {reason}" if where else reason)
 
 
+class ResourceLimitError(ProgramLoadError):
+    """A program asks for more than a :class:`LoadLimits` bound allows. ``limit`` names the
+    bound (``"max_arena_bytes"``); raise it with ``Program.load(..., limits=LoadLimits(...))``
+    for a file you trust."""
+
+    def __init__(self, reason: str, field: str | None, limit: str, offset: int | None = None
+                 ) -> None:
+        self.limit = limit
+        super().__init__(f"{reason}; {_raise_hint(limit)}", field, offset)
+
+
+def _raise_hint(limit: str) -> str:
+    return (f"if you trust this file, load it with a larger limits=LoadLimits({limit}=...) "
+            "(exportir.program.validate.LoadLimits)")
+
+
 @dataclass(frozen=True, slots=True)
 class LoadLimits:
-    """Upper bounds a loaded program must respect (bytes, elements, counts)."""
+    """Upper bounds a loaded program must respect, so that a small file cannot make the runtime
+    allocate or compute without bound. Each is checked before the resource is used and a breach
+    is a :class:`ResourceLimitError` naming the field. Defaults let any program exportir writes
+    for a model that fits in memory load and run; lower them for files from untrusted sources.
+
+    - ``max_tensor_bytes``: bytes of any one tensor's declared sizes (views included).
+    - ``max_arena_bytes``: planned memory of one method (all its arenas; arenas are committed
+      page by page as the method writes them).
+    - ``max_rank``: dimensions of a tensor.
+    - ``max_structure_bytes``: the structure section after decompression (checked while
+      inflating, whatever the header claims).
+    - ``max_structure_items``: JSON arrays, objects and items of the structure, counted before
+      parsing (a parsed item costs ~50x its bytes).
+    - ``max_dynamic_bytes``: bytes of runtime-allocated tensors (``DynamicStorage``: sizes the
+      plan could not bound) live at once during one call; each such tensor's storage is capped
+      before a kernel writes it, so a kernel asked for more fails before allocating.
+    - ``max_work``: optional budget of one call's work, estimated at load from the planned sizes
+      (dynamic sizes at their upper bounds): multiply-adds for contractions (``mm``, ``bmm``,
+      convolution, attention), elements read and written otherwise. ``None``: no budget.
+    """
 
     max_tensor_bytes: int = 1 << 36
-    max_arena_bytes: int = 1 << 36
+    max_arena_bytes: int = 1 << 34
     max_rank: int = 64
-    max_structure_bytes: int = 1 << 28
+    max_structure_bytes: int = 1 << 26
+    max_structure_items: int = 1 << 22
+    max_dynamic_bytes: int = 1 << 32
+    max_work: int | None = None
 
 
 DEFAULT_LIMITS = LoadLimits()
 
 
 _VIEW_BASE_STORAGE = (schema.ConstantData, schema.Allocation, schema.InputStorage)
+
+
+def _bytes(n: int) -> str:
+    """``68719476736 bytes (64.0 GiB)``: exact, and readable."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n} bytes ({n / (1 << shift):.1f} {unit})"
+    return f"{n} bytes"
+
+
+def _short_sizes(sizes: tuple[int, ...]) -> str:
+    text = str(list(sizes))
+    return text if len(text) <= 80 else text[:77] + "...]"
 
 
 def _fail(reason: str, field: str) -> ProgramLoadError:
@@ -89,8 +140,10 @@ class _MethodChecker:
                 raise _fail(f"size {s!r} is not a non-negative int", f"{field}.sizes[{d}]")
             nbytes *= s
             if nbytes > self.limits.max_tensor_bytes:
-                raise _fail(f"tensor exceeds {self.limits.max_tensor_bytes} bytes",
-                            f"{field}.sizes")
+                raise ResourceLimitError(
+                    f"tensor of sizes {_short_sizes(t.sizes)} exceeds "
+                    f"{_bytes(self.limits.max_tensor_bytes)}", f"{field}.sizes",
+                    "max_tensor_bytes")
         if sorted(t.dim_order) != list(range(len(t.sizes))):
             raise _fail(f"dim_order {t.dim_order} is not a permutation of "
                         f"0..{len(t.sizes) - 1}", f"{field}.dim_order")
@@ -253,12 +306,14 @@ class _MethodChecker:
             raise _fail(f"alignment {p.alignment!r} is not a power of two <= 4096",
                         f"{field}.alignment")
         for k, size in enumerate(p.arenas):
-            if not isinstance(size, int) or not 0 <= size <= self.limits.max_arena_bytes:
-                raise _fail(f"arena size {size!r} not in [0, {self.limits.max_arena_bytes}]",
+            if not isinstance(size, int) or size < 0:
+                raise _fail(f"arena size {size!r} is not a non-negative int",
                             f"{field}.arenas[{k}]")
-        if sum(p.arenas) > self.limits.max_arena_bytes:
-            raise _fail(f"arenas total more than {self.limits.max_arena_bytes} bytes",
-                        f"{field}.arenas")
+        total, cap = sum(p.arenas), self.limits.max_arena_bytes
+        if total > cap:
+            raise ResourceLimitError(
+                f"the plan asks for {_bytes(total)} of arenas, more than max_arena_bytes "
+                f"({_bytes(cap)})", f"{field}.arenas", "max_arena_bytes")
         if not isinstance(p.lower_bound, int) or p.lower_bound < 0:
             raise _fail(f"lower bound {p.lower_bound!r} is negative", f"{field}.lower_bound")
 

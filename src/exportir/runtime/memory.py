@@ -1,7 +1,7 @@
 """Tensors over the memory a program describes: planned arenas, constants, runtime allocations.
 
-* Arenas are allocated once per method as ``bytearray`` s (zero-filled, their start aligned to
-  64 bytes). Each planned tensor is ``torch.frombuffer(arena, dtype, count, offset)`` shaped by
+* Arenas are allocated once per method as anonymous private memory maps (zero pages, committed
+  only as the method writes them; their start aligned to 64 bytes). Each planned tensor is ``torch.frombuffer(arena, dtype, count, offset)`` shaped by
   its sizes and the strides its ``dim_order`` implies: a tensor over exactly the bytes of its
   ``Allocation``, with its own **non-resizable** storage. A kernel that tries to write more than
   the plan gave a value (a dynamic size beyond its upper bound) fails instead of spilling into
@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+import mmap
+import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,13 +47,29 @@ def is_contiguous_order(dim_order: Sequence[int]) -> bool:
 
 
 ARENA_ALIGNMENT = 64
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform == "linux" else 0)
+
+
+def reserve(nbytes: int) -> mmap.mmap | bytearray:
+    """``nbytes`` of zeroed, writable memory that costs nothing until written: an anonymous
+    private mapping (page-aligned; the kernel commits a page when it is first touched), or a
+    ``bytearray`` where mappings are not available."""
+    if nbytes == 0:
+        return bytearray(ARENA_ALIGNMENT)
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    if not flags:
+        return bytearray(nbytes + ARENA_ALIGNMENT)
+    try:
+        return mmap.mmap(-1, nbytes, flags=flags | _MAP_NORESERVE)
+    except (OSError, ValueError):
+        return mmap.mmap(-1, nbytes, flags=flags)
 
 
 @dataclass(frozen=True, slots=True)
 class Arena:
     """Planned memory: ``buffer[base:base + size]`` (``base`` aligns the start to 64 bytes)."""
 
-    buffer: bytearray
+    buffer: bytearray | mmap.mmap
     base: int
     size: int
 
@@ -62,15 +80,15 @@ class Arena:
         return torch.frombuffer(self.buffer, dtype=torch.uint8, count=self.size, offset=self.base)
 
 
-def _address(buffer: bytearray) -> int:
+def _address(buffer: bytearray | mmap.mmap) -> int:
     return torch.frombuffer(buffer, dtype=torch.uint8, count=1).data_ptr()
 
 
 def allocate_arenas(sizes: Sequence[int]) -> list[Arena]:
-    """One zero-filled, 64-byte-aligned arena per planned size."""
+    """One zero-filled, 64-byte-aligned arena per planned size, committed as it is written."""
     arenas = []
     for n in sizes:
-        buffer = bytearray(n + ARENA_ALIGNMENT)
+        buffer = reserve(n)
         base = -_address(buffer) % ARENA_ALIGNMENT
         arenas.append(Arena(buffer, base, n))
     return arenas

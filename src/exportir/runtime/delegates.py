@@ -35,6 +35,12 @@ class BackendRuntime(Protocol):
     an input or a constant) may say so with a class attribute ``fresh_outputs = True``: a
     result that is only a method output is then handed to the caller as it is, without a
     copy into the arena and a clone out of it. Without it, results are always copied.
+
+    A backend whose ``init`` and ``execute`` may run from several threads at once (a call keeps
+    nothing in the backend or the handle that another call could see) says so with
+    ``thread_safe = True``. Without it, the runtime runs one call of each delegate at a time
+    (per delegate, across every thread calling the method) and copies its results out before
+    the next call starts.
     """
 
     def init(self, processed: bytes | memoryview, compile_specs: Sequence[object]) -> object: ...

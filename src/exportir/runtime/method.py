@@ -26,7 +26,9 @@ op, the graph node and the user's source line (from the method's debug table).
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -69,10 +71,11 @@ _SCALAR_TYPES: dict[type, tuple[type, ...]] = {
 }
 
 
-class Method:
-    """One executable method of a loaded :class:`~exportir.runtime.program.Program`.
+class MethodState:
+    """One execution state of a method: its planned arenas, value frame and compiled steps.
 
-    Not thread-safe: a method owns one set of arenas, which every call reuses.
+    Runs one call at a time; :class:`Method` keeps a pool of them so that threads calling one
+    method never share a state.
     """
 
     __slots__ = (
@@ -194,7 +197,7 @@ class Method:
 
     def __repr__(self) -> str:
         return (
-            f"Method({self.name!r}, inputs={len(self.meta.inputs)}, "
+            f"MethodState({self.name!r}, inputs={len(self.meta.inputs)}, "
             f"outputs={len(self.meta.outputs)}, instructions={self.num_instructions}, "
             f"arenas={list(self.meta.plan.arenas)})"
         )
@@ -452,13 +455,17 @@ class Method:
         outs = self._writes(pc, outputs)
         nxt = pc + 1
         resolve = self._resolve
+        # a backend that is not thread-safe runs one call at a time (results are copied out
+        # of whatever buffer it reuses before the next call may start)
+        lock = self._program._delegate_lock(index)
 
         def step(values: list[Any]) -> int:
-            results = _delegate_results(
-                backend.execute(handle, [resolve(values, i) for i in args]), len(outs)
-            )
-            for out, got in zip(outs, results):
-                _store(out, got, values)
+            with lock:
+                results = _delegate_results(
+                    backend.execute(handle, [resolve(values, i) for i in args]), len(outs)
+                )
+                for out, got in zip(outs, results):
+                    _store(out, got, values)
             return nxt
 
         # A backend promising new tensors on every call (``fresh_outputs``) hands a result
@@ -470,7 +477,8 @@ class Method:
         ]
         if any(direct) and all(self._static_shape(i) for i in (*args, *outputs)):
             handed = [self._fresh_box_slot(out.value) if d else None for out, d in zip(outs, direct)]
-            self._trusted[pc] = (_delegate_call(backend, handle, args, outs, handed, self), outs)
+            call = _delegate_call(backend, handle, args, outs, handed, self)
+            self._trusted[pc] = (_locked(call, lock), outs)
         return step
 
     def _fresh_box_slot(self, index: int) -> int:
@@ -671,6 +679,93 @@ class Method:
 
     def _failure(self, pc: int | None, reason: str, hint: str = "") -> RuntimeFailure:
         return RuntimeFailure(self._site(pc), reason, hint)
+
+
+class Method:
+    """One executable method of a loaded :class:`~exportir.runtime.program.Program`.
+
+    Calls may come from many threads at once: each call runs on an execution state
+    (:class:`MethodState`: arenas, value frame, compiled steps) taken from the method's pool
+    and given back when the call returns; a state is made when every one is busy, so a method
+    keeps as many as it ever had concurrent calls. A method with mutable state (buffers it
+    updates, kept across calls) runs one call at a time, in the order the calls take its lock,
+    as if one thread made them. A delegate whose backend does not declare
+    ``thread_safe = True`` runs one call at a time (its own lock).
+    """
+
+    __slots__ = ("_idle", "_lock", "_program", "_state", "meta", "name")
+
+    def __init__(self, program: Program, meta: schema.Method) -> None:
+        self.name = meta.name
+        self.meta = meta
+        self._program = program
+        self._state = MethodState(program, meta)  # made now: a missing kernel fails at load
+        self._idle = collections.deque([self._state])
+        stateful = any(isinstance(v, schema.Tensor) and v.initial is not None for v in meta.values)
+        self._lock = threading.Lock() if stateful else None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run with the model's own calling convention; returns outputs structured as the
+        model returned them (a flat tuple when the program has no output spec)."""
+        state = self._state
+        outputs = self.execute(state._flatten_inputs(args, kwargs))
+        if state._rebuild is not None:
+            return state._rebuild(outputs)
+        return outputs
+
+    def execute(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
+        """Run with the flat inputs (one per ``meta.inputs``); returns the flat outputs.
+
+        Raises :class:`MethodInputError` for inputs that do not match the method and
+        :class:`RuntimeFailure` when an instruction fails. Output tensors are copies.
+        """
+        if self._lock is not None:
+            with self._lock:
+                return self._state.execute(inputs)
+        idle = self._idle
+        try:
+            state = idle.pop()
+        except IndexError:  # every state is running a call: one more
+            state = MethodState(self._program, self.meta)
+        try:
+            return state.execute(inputs)
+        finally:
+            idle.append(state)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self.meta.input_names
+
+    @property
+    def num_instructions(self) -> int:
+        return len(self.meta.instructions)
+
+    @property
+    def arena_bytes(self) -> tuple[int, ...]:
+        return tuple(self.meta.plan.arenas)
+
+    @property
+    def num_states(self) -> int:
+        """How many execution states the method holds (at least 1; one per concurrent call)."""
+        return len(self._idle) if self._lock is None else 1
+
+    def __repr__(self) -> str:
+        return (
+            f"Method({self.name!r}, inputs={len(self.meta.inputs)}, "
+            f"outputs={len(self.meta.outputs)}, instructions={self.num_instructions}, "
+            f"arenas={list(self.meta.plan.arenas)})"
+        )
+
+
+def _locked(call: Callable[[], object], lock: Any) -> Callable[[], object]:
+    if isinstance(lock, contextlib.nullcontext):
+        return call
+
+    def locked() -> object:
+        with lock:
+            return call()
+
+    return locked
 
 
 _SCALAR_SAMPLES: dict[type, Any] = {

@@ -14,8 +14,10 @@ arenas, allocated once.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
+import threading
 from typing import Any
 
 import torch
@@ -59,8 +61,10 @@ class Program:
     __slots__ = (
         "_constants",
         "_handles",
+        "_locks",
         "_mapping",
         "_methods",
+        "_methods_lock",
         "delegates",
         "kernels",
         "schema",
@@ -85,6 +89,8 @@ class Program:
         self._constants: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
         self._handles: list[tuple[BackendRuntime, Any] | None] = [None] * len(program.delegates)
         self._methods: dict[str, Method] = {}
+        self._methods_lock = threading.Lock()
+        self._locks: list[threading.Lock | contextlib.nullcontext[None]] = []
         self._check_custom_ops()
         self._init_delegates()
 
@@ -144,7 +150,10 @@ class Program:
             return found
         for meta in self.schema.methods:
             if meta.name == name:
-                found = self._methods[name] = Method(self, meta)
+                with self._methods_lock:  # threads asking at once share one Method
+                    found = self._methods.get(name)
+                    if found is None:
+                        found = self._methods[name] = Method(self, meta)
                 return found
         names = ", ".join(repr(n) for n in self.method_names) or "none"
         raise UnknownMethodError(f"program has no method {name!r}; its methods: {names}")
@@ -170,6 +179,11 @@ class Program:
     def _backend_id(self, index: int) -> str:
         delegates = self.schema.delegates
         return delegates[index].backend_id if 0 <= index < len(delegates) else f"#{index}"
+
+    def _delegate_lock(self, index: int) -> threading.Lock | contextlib.nullcontext[None]:
+        """What a call of delegate ``index`` holds while it runs: the delegate's own lock,
+        unless its backend declares ``thread_safe = True``."""
+        return self._locks[index]
 
     def _delegate(self, index: int, site: FailureSite) -> tuple[BackendRuntime, Any]:
         entry = self._handles[index]
@@ -216,6 +230,9 @@ class Program:
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
             self._handles[index] = (backend, handle)
+            self._locks.append(
+                _UNLOCKED if getattr(backend, "thread_safe", False) else threading.Lock()
+            )
 
     def _delegate_site(self, index: int) -> FailureSite:
         """The first instruction calling delegate ``index`` (for error messages)."""
@@ -228,6 +245,9 @@ class Program:
                         entry.node_name if entry else None, entry.source if entry else None,
                     )
         return FailureSite("<program>", None, f"delegate {self._backend_id(index)}")
+
+
+_UNLOCKED = contextlib.nullcontext()
 
 
 def _map_file(path: str) -> mmap.mmap | bytes:

@@ -62,10 +62,13 @@ def decode(blob: bytes | memoryview) -> FusedProgram:
 class FusedCpuRuntime:
     """The delegate-registry entry: ``init(processed, compile_specs)`` validates and compiles
     the blob, ``execute(handle, inputs)`` runs it. Its outputs are new tensors on every call
-    (``fresh_outputs``): the runtime may hand them to the caller without copying."""
+    (``fresh_outputs``): the runtime may hand them to the caller without copying. A call keeps
+    its values in the frame of its own generated function, so calls from several threads run
+    at once (``thread_safe``)."""
 
     __slots__ = ()
     fresh_outputs = True
+    thread_safe = True
 
     def init(self, processed: bytes | memoryview, compile_specs: Sequence[Any]) -> FusedProgram:
         return decode(processed)

@@ -133,7 +133,7 @@ CASES = {
     "alignment": (_with({"plan": MethodPlan((96,), 72, 12)}), "methods[0].plan.alignment",
                   "power of two"),
     "arena limit": (_with({"plan": MethodPlan((1 << 40,), 72, 16)}),
-                    "methods[0].plan.arenas[0]", "arena size"),
+                    "methods[0].plan.arenas[0]", "max_arena_bytes"),
     "empty backend": (_with({}, {"delegates": (schema.Delegate("", b""),)}),
                       "delegates[0].backend_id", "empty backend"),
     "view base index": (_with(_value(15, _view(99, 0, (1,)))), f"{V}.base",

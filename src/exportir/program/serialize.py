@@ -217,7 +217,7 @@ def _inflate(compressed: memoryview, raw_length: int, limits: LoadLimits, at: in
     cap = limits.max_structure_bytes
     if raw_length > cap:
         raise ResourceLimitError(
-            f"the structure inflates to {raw_length} bytes (header), more than "
+            f"the structure inflates to {raw_length} bytes (header), which exceeds the limit "
             f"max_structure_bytes ({cap})", "header.structure_raw_length",
             "max_structure_bytes", 40)
     d = zlib.decompressobj()

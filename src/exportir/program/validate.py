@@ -305,11 +305,16 @@ class _MethodChecker:
         ):
             raise _fail(f"alignment {p.alignment!r} is not a power of two <= 4096",
                         f"{field}.alignment")
+        cap = self.limits.max_arena_bytes
         for k, size in enumerate(p.arenas):
             if not isinstance(size, int) or size < 0:
                 raise _fail(f"arena size {size!r} is not a non-negative int",
                             f"{field}.arenas[{k}]")
-        total, cap = sum(p.arenas), self.limits.max_arena_bytes
+            if size > cap:
+                raise ResourceLimitError(
+                    f"arena {k} of {_bytes(size)} exceeds max_arena_bytes ({_bytes(cap)})",
+                    f"{field}.arenas[{k}]", "max_arena_bytes")
+        total = sum(p.arenas)
         if total > cap:
             raise ResourceLimitError(
                 f"the plan asks for {_bytes(total)} of arenas, more than max_arena_bytes "

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from exportir.runtime.errors import LimitBreach
 from exportir.runtime.kernels import Kernel
 
 if TYPE_CHECKING:
@@ -32,7 +33,8 @@ class _Out:
     tensor: torch.Tensor | None  # None: a caller's input, bound per call (input mutation)
     sizes: tuple[int, ...]
     dynamic: bool  # sizes are an upper bound (or unbounded runtime storage)
-    capacity: int | None  # bytes available in the arena; None for runtime-owned storage
+    capacity: int | None  # bytes available (arena, or max_dynamic_bytes); None: an input
+    runtime: bool = False  # runtime-allocated (DynamicStorage): capped by max_dynamic_bytes
 
 
 
@@ -57,7 +59,10 @@ def _store(out: _Out, value: Any, values: list[Any]) -> None:
                 f"(planned shape {out.sizes})"
             )
         dst.resize_(0)
-        dst.resize_(value.shape)
+        try:
+            dst.resize_(value.shape)
+        except RuntimeError as exc:
+            raise _kernel_error(exc, (out,)) from exc
         _check_capacity(out, dst)
     dst.copy_(value)
 
@@ -67,6 +72,8 @@ def _check_capacity(out: _Out, tensor: torch.Tensor) -> None:
         return
     used = tensor.numel() * tensor.element_size()
     if used > out.capacity:
+        if out.runtime:
+            raise _dynamic_breach((out,))
         raise ValueError(
             f"value {out.value} grew to shape {tuple(tensor.shape)} ({used} bytes), beyond "
             f"its planned upper bound {out.sizes} ({out.capacity} bytes); {_BOUND_HINT}"
@@ -77,6 +84,14 @@ _BOUND_HINT = (
     "call with inputs within the sizes the method was exported for, or export with a larger "
     "max in dynamic_shapes"
 )
+
+
+def _dynamic_breach(outs: Sequence[_Out]) -> LimitBreach:
+    values = ", ".join(str(o.value) for o in outs if o.runtime)
+    cap = next(o.capacity for o in outs if o.runtime)
+    return LimitBreach(
+        f"a runtime-allocated result (value {values}) needs more than max_dynamic_bytes "
+        f"({cap} bytes); nothing was allocated", "max_dynamic_bytes")
 
 
 def _overflow(outs: Sequence[_Out]) -> ValueError:
@@ -107,7 +122,7 @@ def _kernel_error(exc: Exception, outs: Sequence[_Out]) -> Exception:
     """A kernel's exception as the runtime reports it (planned tensors have fixed-size storage:
     "not resizable" means a result outgrew its plan)."""
     if isinstance(exc, RuntimeError) and "not resizable" in str(exc):
-        error = _overflow(outs)
+        error = _dynamic_breach(outs) if any(o.runtime for o in outs) else _overflow(outs)
         error.__cause__ = exc
         return error
     return exc
@@ -157,7 +172,12 @@ def _kernel_step(
         (o.tensor, torch.Size(o.sizes), o) for o in outs if not o.dynamic and o.tensor is not None
     )
 
+    regions = [method._regions[o.value] for o in outs if o.runtime]
+
     def step(values: list[Any]) -> int:
+        for region in regions:  # a kernel may have swapped a runtime tensor's storage
+            if not region.attached():
+                region.attach()
         for o in dynamic_outs:
             o.tensor.resize_(0)
         try:
@@ -179,6 +199,8 @@ def _kernel_step(
                 )
         for o in dynamic_outs:
             _check_capacity(o, o.tensor)
+        if regions:
+            method._check_dynamic()
         if result is not None:
             if result_out:
                 _store(result_out[0], returned, values)

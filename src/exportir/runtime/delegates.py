@@ -41,6 +41,12 @@ class BackendRuntime(Protocol):
     ``thread_safe = True``. Without it, the runtime runs one call of each delegate at a time
     (per delegate, across every thread calling the method) and copies its results out before
     the next call starts.
+
+    A backend that takes the program's ``LoadLimits`` declares ``accepts_limits = True``; its
+    ``init`` is then called as ``init(processed, compile_specs, limits=limits)``, and it should
+    keep what a call allocates by argument within ``limits.max_dynamic_bytes``, raising an
+    exception with a ``limit`` attribute naming the field (the runtime reports it as
+    ``ResourceLimitExceeded``).
     """
 
     def init(self, processed: bytes | memoryview, compile_specs: Sequence[object]) -> object: ...

@@ -146,6 +146,37 @@ def runtime_tensor(t: schema.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=torch_dtype(t.dtype))
 
 
+class Region:
+    """The memory of one runtime-allocated tensor (``DynamicStorage``): ``capacity`` bytes
+    reserved once and committed as they are written, behind a storage that cannot grow. A
+    kernel asked to make the tensor larger fails ("not resizable") before allocating anything,
+    so no call can allocate more than the cap for it, whatever sizes the file asks for."""
+
+    __slots__ = ("_buffer", "_storage", "capacity", "tensor")
+
+    def __init__(self, t: schema.Tensor, capacity: int) -> None:
+        self.capacity = capacity
+        self._buffer = reserve(capacity)
+        flat = torch.frombuffer(self._buffer, dtype=torch.uint8, count=max(capacity, 1))
+        self._storage = flat.untyped_storage()
+        self.tensor = torch.empty(0, dtype=torch_dtype(t.dtype))
+        self.attach()
+
+    def attach(self) -> None:
+        """The tensor back on the region, empty (after a free, a failure, or a kernel that
+        swapped the tensor's storage)."""
+        self.tensor.set_(self._storage, 0, (0,), (1,))
+
+    def release(self) -> None:
+        """``FreeCall``: the tensor emptied and the pages it used given back to the system."""
+        self.attach()
+        if isinstance(self._buffer, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+            self._buffer.madvise(mmap.MADV_DONTNEED)
+
+    def attached(self) -> bool:
+        return self.tensor.untyped_storage().data_ptr() == self._storage.data_ptr()
+
+
 def describe(dtype: torch.dtype | schema.ScalarType, sizes: Sequence[int]) -> str:
     """``float32[2, 3]``, the way errors print tensors."""
     if isinstance(dtype, schema.ScalarType):

@@ -50,9 +50,12 @@ from exportir.runtime._steps import (
 )
 from exportir.runtime.errors import (
     FailureSite,
+    LimitBreach,
     MethodInputError,
     MissingKernelError,
+    ResourceLimitExceeded,
     RuntimeFailure,
+    limit_hint,
 )
 from exportir.runtime.inputs import _check_tensor_input, _TensorInput
 from exportir.runtime.kernels import Kernel, canonical_op_name, missing_custom_op
@@ -82,6 +85,7 @@ class MethodState:
         "_arenas",
         "_calls",
         "_dynamic",
+        "_dynamic_cap",
         "_flatten",
         "_frame",
         "_fresh_box",
@@ -95,6 +99,7 @@ class MethodState:
         "_program",
         "_readers",
         "_rebuild",
+        "_regions",
         "_resets",
         "_steps",
         "_straight",
@@ -113,6 +118,8 @@ class MethodState:
         self._planned: list[tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]] = []
         self._lists: dict[int, tuple[int, ...]] = {}
         self._input_views: list[tuple[int, int, schema.Tensor]] = []  # (view, input, meta)
+        self._dynamic_cap = program.limits.max_dynamic_bytes
+        self._regions: dict[int, memory.Region] = {}  # DynamicStorage value -> its memory
         self._template = self._build_values()
         # Values whose Python object changes from call to call: the inputs and their views,
         # and (added while compiling, in schedule order) scalar kernel results and scalar move
@@ -169,6 +176,8 @@ class MethodState:
         :class:`RuntimeFailure` when an instruction fails. Output tensors are copies.
         """
         values = self._frame
+        for region in self._regions.values():  # runtime-allocated tensors start each call empty
+            region.tensor.resize_(0)
         try:
             self._bind_inputs(values, inputs)
             grad = torch.is_grad_enabled()
@@ -261,8 +270,9 @@ class MethodState:
                 return view
             case schema.InputStorage() | schema.ViewOf():
                 return None  # bound per call; views: built once their base is
-            case schema.DynamicStorage():
-                return memory.runtime_tensor(t)
+            case schema.DynamicStorage():  # capped: see memory.Region
+                region = self._regions[index] = memory.Region(t, self._dynamic_cap)
+                return region.tensor
         raise self._failure(None, f"value {index} has unknown storage {t.storage!r}")
 
     def _resolve(self, values: list[Any], index: int) -> Any:
@@ -290,8 +300,10 @@ class MethodState:
                 return lambda values: nxt if _truth(values[cond]) else dest
             case schema.FreeCall(value=v):
 
+                region = self._regions[v]
+
                 def free(values: list[Any]) -> int:
-                    values[v].set_()  # drop the runtime-owned storage, keep the tensor object
+                    region.release()  # empty, its pages given back; the tensor object stays
                     return nxt
 
                 return free
@@ -511,9 +523,10 @@ class MethodState:
             if isinstance(t.storage, schema.InputStorage):  # input mutation: the caller's tensor
                 outs.append(_Out(i, None, t.sizes, t.dynamic, None))
                 continue
-            capacity = t.storage.nbytes if isinstance(t.storage, schema.Allocation) else None
-            dynamic = t.dynamic or isinstance(t.storage, schema.DynamicStorage)
-            outs.append(_Out(i, self._template[i], t.sizes, dynamic, capacity))
+            runtime = isinstance(t.storage, schema.DynamicStorage)
+            capacity = self._dynamic_cap if runtime else t.storage.nbytes
+            dynamic = t.dynamic or runtime
+            outs.append(_Out(i, self._template[i], t.sizes, dynamic, capacity, runtime))
         return tuple(outs)
 
     # -- running ---------------------------------------------------------------------------------
@@ -568,13 +581,29 @@ class MethodState:
     def _failed(self, pc: int, exc: Exception) -> RuntimeFailure:
         """The :class:`RuntimeFailure` for ``exc``, raised by instruction ``pc``; resets."""
         self._reset()
+        limit = getattr(exc, "limit", None)  # LimitBreach, or a backend's limit error
+        if isinstance(exc, LimitBreach) or isinstance(limit, str):
+            return ResourceLimitExceeded(self._site(pc), str(exc), limit_hint(limit),
+                                         limit=limit)
         return self._failure(pc, f"{type(exc).__name__}: {exc}")
 
     def _reset(self) -> None:
-        """After a failed run: planned layouts back, and the next run runs checked."""
+        """After a failed run: planned layouts back, runtime-allocated tensors emptied, and the
+        next run runs checked."""
         self._verified = False
         self._restore_layouts()
+        for region in self._regions.values():
+            region.attach()
         self._fresh_box[:] = [None] * len(self._fresh_box)
+
+    def _check_dynamic(self) -> None:
+        """Runtime-allocated tensors hold at most ``max_dynamic_bytes`` together."""
+        total = sum(r.tensor.nbytes if r.attached() else r.tensor.untyped_storage().nbytes()
+                    for r in self._regions.values())
+        if total > self._dynamic_cap:
+            raise LimitBreach(
+                f"runtime-allocated tensors hold {total} bytes, more than max_dynamic_bytes "
+                f"({self._dynamic_cap})", "max_dynamic_bytes")
 
     def _restore_layouts(self) -> None:
         """Give every planned tensor back its planned shape after a failed run (a kernel may

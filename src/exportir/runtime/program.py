@@ -67,6 +67,7 @@ class Program:
         "_methods_lock",
         "delegates",
         "kernels",
+        "limits",
         "schema",
         "source",
     )
@@ -79,9 +80,11 @@ class Program:
         delegates: DelegateRegistry | None = None,
         mapping: mmap.mmap | None = None,
         source: str = "<memory>",
+        limits: LoadLimits = DEFAULT_LIMITS,
     ) -> None:
         """Wrap an already validated ``schema.Program``; prefer :meth:`load`/:meth:`from_schema`."""
         self.schema = program
+        self.limits = limits
         self.kernels = kernels if kernels is not None else default_kernel_registry()
         self.delegates = delegates if delegates is not None else default_delegate_registry()
         self.source = source
@@ -122,7 +125,8 @@ class Program:
             name = os.fspath(source)
             data = mapping = _map_file(name)
         program = serialize.deserialize_program(data, verify_data=verify_data, limits=limits)
-        return cls(program, kernels=kernels, delegates=delegates, mapping=mapping, source=name)
+        return cls(program, kernels=kernels, delegates=delegates, mapping=mapping, source=name,
+                   limits=limits)
 
     @classmethod
     def from_schema(
@@ -135,7 +139,7 @@ class Program:
     ) -> Program:
         """Run an in-memory ``schema.Program`` (validated exactly as a loaded file is)."""
         validate_program(program, limits)
-        return cls(program, kernels=kernels, delegates=delegates)
+        return cls(program, kernels=kernels, delegates=delegates, limits=limits)
 
     # -- methods ---------------------------------------------------------------------------------
 
@@ -223,7 +227,10 @@ class Program:
                     registration_hint(d.backend_id),
                 )
             try:
-                handle = backend.init(d.data, d.compile_specs)
+                if getattr(backend, "accepts_limits", False):
+                    handle = backend.init(d.data, d.compile_specs, limits=self.limits)
+                else:
+                    handle = backend.init(d.data, d.compile_specs)
             except Exception as exc:
                 raise RuntimeFailure(
                     site, f"backend {d.backend_id!r} failed to initialise delegate {index}: "

@@ -213,3 +213,44 @@ def test_the_structure_limits_are_settable():
         Program.load(data, limits=LoadLimits(max_structure_items=10))
     with pytest.raises(ResourceLimitError, match="max_structure_bytes"):
         Program.load(data, limits=LoadLimits(max_structure_bytes=100))
+
+
+# ------------------------------------------------------------------------------ work
+
+
+def _stride0_mm_program(n: int = 8192, calls: int = 50) -> bytes:
+    """``calls`` x ``mm`` of two n x n stride-0 views of one constant element: ~1 KB of file,
+    minutes of work."""
+    b = MethodBuilder()
+    one = b.constant(torch.ones(1))
+    view = b.view(one, (n, n), (0, 0))
+    out = b.planned((n, n))
+    for k in range(calls):
+        b.kernel("aten::mm", "out", (view, view, out), f"mm_{k}", "model.py:9")
+    b.outputs.append(out)
+    return serialize.serialize_program(program_of(b))
+
+
+def test_a_tiny_program_of_minutes_of_work_is_refused_under_a_work_budget():
+    data = _stride0_mm_program()
+    assert len(data) < 2048
+    with pytest.raises(ResourceLimitError) as info:
+        Program.load(data, limits=LoadLimits(max_work=10**12))
+    assert info.value.limit == "max_work"
+    assert info.value.field == "methods[0].instructions[0]"
+    assert "aten::mm.out" in str(info.value) and "2.75e+13" in str(info.value)
+
+
+def test_the_work_budget_admits_real_programs():
+    from exportir.program.work import method_work
+
+    x = torch.randn(4, 16)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    data = exportir.to_edge(exportir.export(model, (x,))).to_program().buffer
+    program = serialize.deserialize_program(data)
+    total = sum(method_work(program.methods[0]))
+    assert 4 * 16 * 32 + 4 * 32 * 8 <= total < 10 * (4 * 16 * 32 + 4 * 32 * 8)
+    method = Program.load(data, limits=LoadLimits(max_work=total)).method()
+    torch.testing.assert_close(method(x), model(x))
+    with pytest.raises(ResourceLimitError, match="max_work"):
+        Program.load(data, limits=LoadLimits(max_work=total - 1))

@@ -26,7 +26,13 @@ import torch
 
 import exportir
 from exportir.export.exported_program import ExportedProgram
-from exportir.export.serialize_archive import Archive, write_archive
+from exportir.export.serialize_archive import (
+    DEFAULT_ARCHIVE_LIMITS,
+    Archive,
+    ArchiveLimitError,
+    ArchiveLimits,
+    write_archive,
+)
 from exportir.export.serialize_common import (
     LIMITS,
     SerializationError,
@@ -57,7 +63,7 @@ from exportir.export.signature import ExportGraphSignature, InputKind
 from exportir.export.verifier import SpecViolationError, load_verifier
 from exportir.fx.graph_module import GraphModule
 
-__all__ = ["SerializationError", "load", "save"]
+__all__ = ["ArchiveLimitError", "ArchiveLimits", "SerializationError", "load", "save"]
 
 PROGRAM = "program.json"
 WEIGHTS = "weights.safetensors"
@@ -217,7 +223,7 @@ def _build(parts: dict[str, Any]) -> ExportedProgram:
 
 
 def _decode(ar: Archive, expected_opset: dict[str, int] | None) -> tuple[ExportedProgram, Any]:
-    program = as_dict(loads_json(ar.read(PROGRAM), PROGRAM), PROGRAM)
+    program = as_dict(loads_json(ar.read_json(PROGRAM), PROGRAM), PROGRAM)
     check_keys(program, _PROGRAM_KEYS, set(), PROGRAM)
     _check_opset(program["opset_version"], expected_opset)
     dialect = as_str(program["dialect"], _where("/dialect"))
@@ -249,16 +255,20 @@ def load(
     *,
     extra_files: dict[str, Any] | None = None,
     expected_opset_version: dict[str, int] | None = None,
+    limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS,
 ) -> ExportedProgram:
-    """Load a program written by :func:`save` (same signature as ``torch.export.load``).
+    """Load a program written by :func:`save` (``torch.export.load``'s signature, plus
+    ``limits``).
 
     ``extra_files``: the names given are filled in place with the saved contents (``str`` or
     ``bytes``, as saved). ``expected_opset_version``: for each namespace given that the file
     also records, the versions must be equal. Raises :class:`SerializationError` for any
-    malformed, truncated, tampered or unsupported file; ``FileNotFoundError`` if ``f`` is a
-    path that does not exist.
+    malformed, truncated, tampered or unsupported file (an :class:`ArchiveLimitError` when it
+    asks for more than ``limits`` allow: deflated members inflating beyond
+    ``max_inflated_bytes``, JSON beyond ``max_json_bytes``); ``FileNotFoundError`` if ``f`` is
+    a path that does not exist.
     """
-    with Archive(f) as ar:
+    with Archive(f, limits) as ar:
         try:
             ep, extra_raw = _decode(ar, expected_opset_version)
         except RecursionError as e:

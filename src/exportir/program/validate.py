@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exportir.program import planning, schema
+from exportir.program import planning, schema, work
 
 
 class ProgramLoadError(ValueError):
@@ -350,6 +350,24 @@ class _MethodChecker:
         except planning.PlanError as e:
             raise _fail(str(e), f"{self.f}.plan") from None
 
+    def work(self) -> None:
+        """A call's estimated work (:mod:`work`) within the optional ``max_work`` budget."""
+        budget = self.limits.max_work
+        if budget is None:
+            return
+        costs = work.method_work(self.m)
+        total = sum(costs)
+        if total <= budget:
+            return
+        pc = max(range(len(costs)), key=costs.__getitem__)
+        ins = self.m.instructions[pc]
+        what = (str(self.m.operators[ins.op_index]) if isinstance(ins, schema.KernelCall)
+                else type(ins).__name__)
+        raise ResourceLimitError(
+            f"one call does about {total:.3g} element operations, more than max_work "
+            f"({budget:.3g}); the costliest is instruction {pc} ({what}, {costs[pc]:.3g})",
+            f"{self.f}.instructions[{pc}]", "max_work")
+
     def check(self) -> None:
         self.plan()
         self.values()
@@ -358,6 +376,7 @@ class _MethodChecker:
             for pc, ins in enumerate(self.m.instructions):
                 self.instruction(pc, ins)
         self.overlaps()
+        self.work()
 
 
 def validate_method(

@@ -94,6 +94,7 @@ class MethodState:
         "_input_checks",
         "_input_views",
         "_lists",
+        "_mutated",
         "_out_spec",
         "_planned",
         "_program",
@@ -106,6 +107,7 @@ class MethodState:
         "_template",
         "_trusted",
         "_verified",
+        "_write_back",
         "meta",
         "name",
     )
@@ -119,6 +121,9 @@ class MethodState:
         self._lists: dict[int, tuple[int, ...]] = {}
         self._input_views: list[tuple[int, int, schema.Tensor]] = []  # (view, input, meta)
         self._dynamic_cap = program.limits.max_dynamic_bytes
+        self._mutated: set[int] = set()  # inputs the method writes (found while compiling)
+        # (input value, the caller's tensor) to copy a mutation back into after this call
+        self._write_back: list[tuple[int, torch.Tensor]] = []
         self._regions: dict[int, memory.Region] = {}  # DynamicStorage value -> its memory
         self._template = self._build_values()
         # Values whose Python object changes from call to call: the inputs and their views,
@@ -185,10 +190,13 @@ class MethodState:
             try:
                 trusted = self._verified
                 self._run(values)
+                for index, original in self._write_back:  # mutations of copied inputs
+                    original.copy_(values[index])
                 return self._outputs(values, trusted)
             finally:
                 _set_grad_enabled(grad)
         finally:  # the frame keeps no input, view of one or scalar result past the call
+            self._write_back.clear()
             for index, value in self._resets:
                 values[index] = value
 
@@ -521,6 +529,7 @@ class MethodState:
                     "read-only; the program is malformed)"
                 )
             if isinstance(t.storage, schema.InputStorage):  # input mutation: the caller's tensor
+                self._mutated.add(i)
                 outs.append(_Out(i, None, t.sizes, t.dynamic, None))
                 continue
             runtime = isinstance(t.storage, schema.DynamicStorage)
@@ -664,9 +673,24 @@ class MethodState:
             if check is not None and check.accepts(given):
                 values[index] = given  # the fast path: exactly what the method was built for
             else:
-                values[index] = self._check_input(k, self.meta.values[index], given)
+                bound = values[index] = self._check_input(k, self.meta.values[index], given)
+                if index in self._mutated and not _same_memory(bound, given):
+                    self._write_back.append((index, self._writable(k, given)))
         for view, base, meta in self._input_views:  # inputs are contiguous when viewed
             values[view] = memory.view_tensor(values[base], meta)
+
+    def _writable(self, k: int, given: torch.Tensor) -> torch.Tensor:
+        """The caller's tensor an input mutation is copied back into after the call (the
+        method ran on a contiguous copy); refused, as eager refuses the in-place write, when
+        its elements overlap in memory."""
+        if torch._debug_has_internal_overlap(given) == 1:
+            raise MethodInputError(
+                f"method {self.name!r}: input {k} ({self._input_label(k)}) is written by the "
+                f"method (an in-place op on it in the model) but several of its elements share "
+                f"memory (strides {tuple(given.stride())}, e.g. an expand); eager PyTorch refuses "
+                "that in-place write too: pass a tensor that owns its elements (.clone())"
+            )
+        return given
 
     def _check_input(self, k: int, v: schema.EValue, given: Any) -> Any:
         label = f"method {self.name!r}: input {k} ({self._input_label(k)})"
@@ -784,6 +808,15 @@ class Method:
             f"outputs={len(self.meta.outputs)}, instructions={self.num_instructions}, "
             f"arenas={list(self.meta.plan.arenas)})"
         )
+
+
+def _same_memory(bound: Any, given: Any) -> bool:
+    """Whether the value bound for a tensor input is the caller's tensor's memory as given."""
+    return not isinstance(given, torch.Tensor) or (
+        isinstance(bound, torch.Tensor)
+        and bound.data_ptr() == given.data_ptr()
+        and bound.stride() == given.stride()
+    )
 
 
 def _locked(call: Callable[[], object], lock: Any) -> Callable[[], object]:

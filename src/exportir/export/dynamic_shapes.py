@@ -680,7 +680,10 @@ class _SymbolMaker:
     def _info(self, symbol: sympy.Symbol, hint: int, sources: tuple, spec: DimSpec, phantom=False):
         from exportir.export._constraints import SymbolInfo
 
-        self.infos.append(SymbolInfo(symbol, hint, sources, spec, phantom))
+        info = SymbolInfo(symbol, hint, sources, spec, phantom)
+        self.infos.append(info)
+        if spec.kind == "named" and spec.name:  # for errors naming the user's Dim later
+            self.shape_env.var_to_name[symbol] = spec.name
 
     def _plain(self, r: DimRequest) -> None:
         spec = r.spec

@@ -360,6 +360,27 @@ class MethodPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class SymbolRange:
+    """A symbolic size of a method's inputs (since 2.1): the name the user gave it (the ``Dim``
+    name, else the input dimension it was first seen at) and the values the method accepts,
+    ``min <= value <= max`` (``max`` None: unbounded)."""
+
+    name: str
+    min: int
+    max: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class DimSize:
+    """A dynamic dimension of an input tensor (since 2.1): its size is
+    ``coeff * symbols[symbol] + offset`` (``coeff >= 1``: ``dx``, ``2 * dx``, ``dx + 1``)."""
+
+    symbol: int
+    coeff: int = 1
+    offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Method:
     name: str
     values: tuple[EValue, ...]
@@ -373,6 +394,12 @@ class Method:
     output_names: tuple[str, ...] = ()
     in_spec: str = ""
     out_spec: str = ""
+    # Since 2.1: the input sizes a call must have. ``input_dims`` has one entry per input: a
+    # tuple with one entry per dimension of a tensor input (``None``: static, the size must be
+    # exactly ``sizes[d]``; a DimSize: symbolic), ``()`` for other inputs. Both empty: unknown
+    # (a 2.0 file), only the upper bounds of ``sizes`` are checked.
+    symbols: tuple[SymbolRange, ...] = ()
+    input_dims: tuple[tuple[DimSize | None, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

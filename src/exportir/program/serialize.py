@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 MAGIC = b"EXPORTIR"
-FORMAT_MINOR = 0
+FORMAT_MINOR = 1  # 2.1: symbolic input sizes (Method.symbols / input_dims)
 SEGMENT_ALIGNMENT = 64
 _HEADER = struct.Struct("<8sHHIQQQQQQIII")  # see FileLayout
 HEADER_SIZE = 80

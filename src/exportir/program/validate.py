@@ -259,6 +259,44 @@ class _MethodChecker:
                 raise _fail(f"operator name {op.name!r} is not 'namespace::name'",
                             f"{self.f}.operators[{k}]")
 
+    def input_sizes(self) -> None:
+        """Symbolic input sizes (2.1): one entry per input, per dimension of a tensor input;
+        symbols in range with ``min <= max``; a symbolic dimension only on a dynamic input,
+        whose planned size holds the symbol's whole range (the plan is valid for every size
+        a call may use)."""
+        m, f = self.m, self.f
+        if not m.symbols and not m.input_dims:
+            return
+        if len(m.input_dims) != len(m.inputs):
+            raise _fail(f"{len(m.input_dims)} entries for {len(m.inputs)} inputs",
+                        f"{f}.input_dims")
+        for k, r in enumerate(m.symbols):
+            if not r.name or r.min < 0 or (r.max is not None and r.max < r.min):
+                raise _fail(f"symbol {r.name!r} has no name or an empty range [{r.min}, "
+                            f"{r.max}]", f"{f}.symbols[{k}]")
+        for k, (index, dims) in enumerate(zip(m.inputs, m.input_dims)):
+            v = m.values[index]
+            rank = len(v.sizes) if isinstance(v, schema.Tensor) else 0
+            if len(dims) != rank:
+                raise _fail(f"{len(dims)} dimensions for an input of rank {rank}",
+                            f"{f}.input_dims[{k}]")
+            for d, size in enumerate(dims):
+                if size is not None:
+                    self.input_dim(v, d, size, f"{f}.input_dims[{k}][{d}]")
+
+    def input_dim(self, v: schema.Tensor, d: int, size: schema.DimSize, field: str) -> None:
+        _index(size.symbol, len(self.m.symbols), field, "symbol")
+        r = self.m.symbols[size.symbol]
+        if size.coeff < 1 or size.coeff * r.min + size.offset < 0:
+            raise _fail(f"size {size.coeff}*{r.name} + {size.offset} is negative or has a "
+                        "coefficient below 1", field)
+        if not v.dynamic:
+            raise _fail("a symbolic dimension of a static input", field)
+        if r.max is not None and size.coeff * r.max + size.offset > v.sizes[d]:
+            raise _fail(f"{r.name} up to {r.max} makes dimension {d} "
+                        f"{size.coeff * r.max + size.offset}, beyond its planned size "
+                        f"{v.sizes[d]}", field)
+
     def instruction(self, pc: int, ins: schema.Instruction) -> None:
         field = f"{self.f}.instructions[{pc}]"
         if self.m.debug or ins.debug:
@@ -372,6 +410,7 @@ class _MethodChecker:
         self.plan()
         self.values()
         self.signature()
+        self.input_sizes()
         if len(self.m.debug) > 0 or self.m.instructions:
             for pc, ins in enumerate(self.m.instructions):
                 self.instruction(pc, ins)

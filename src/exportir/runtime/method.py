@@ -57,7 +57,7 @@ from exportir.runtime.errors import (
     RuntimeFailure,
     limit_hint,
 )
-from exportir.runtime.inputs import _check_tensor_input, _TensorInput
+from exportir.runtime.inputs import InputSizes, _check_tensor_input, _TensorInput
 from exportir.runtime.kernels import Kernel, canonical_op_name, missing_custom_op
 
 if TYPE_CHECKING:
@@ -92,6 +92,7 @@ class MethodState:
         "_fresh_slots",
         "_in_spec",
         "_input_checks",
+        "_input_sizes",
         "_input_views",
         "_lists",
         "_mutated",
@@ -152,6 +153,9 @@ class MethodState:
                          memory.is_contiguous_order(v.dim_order))
             if isinstance(v, schema.Tensor) else None
             for v in (meta.values[i] for i in meta.inputs)
+        )
+        self._input_sizes = InputSizes.of(
+            meta, tuple(self._input_label(k) for k in range(len(meta.inputs)))
         )
         self._in_spec = treespec.parse(meta.in_spec)
         self._out_spec = treespec.parse(meta.out_spec)
@@ -676,6 +680,8 @@ class MethodState:
                 bound = values[index] = self._check_input(k, self.meta.values[index], given)
                 if index in self._mutated and not _same_memory(bound, given):
                     self._write_back.append((index, self._writable(k, given)))
+        if self._input_sizes is not None:
+            self._input_sizes.check(values, expected)
         for view, base, meta in self._input_views:  # inputs are contiguous when viewed
             values[view] = memory.view_tensor(values[base], meta)
 

@@ -154,6 +154,7 @@ class ShapeEnv:
         self.var_to_hint: dict[sympy.Symbol, int] = {}
         self.var_to_range: dict[sympy.Symbol, ValueRanges] = {}
         self.var_to_sources: dict[sympy.Symbol, list[str]] = {}
+        self.var_to_name: dict[sympy.Symbol, str] = {}  # the user's Dim name of a symbol
         self.guards: list[Guard] = []
         self.deferred_runtime_asserts: list[RuntimeAssert] = []
         self.replacements: dict[sympy.Symbol, sympy.Expr] = {}

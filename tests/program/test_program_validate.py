@@ -306,8 +306,8 @@ def test_data_checksum_can_be_skipped():
 
 def test_version_and_lengths_in_header():
     data = serialize.serialize_program(sample_program())
-    bumped = _reheader(data, major=3)
-    with pytest.raises(ProgramLoadError, match=r"format version 3\.\d is not supported"):
+    bumped = _reheader(data, major=4)
+    with pytest.raises(ProgramLoadError, match=r"format version 4\.\d is not supported"):
         serialize.deserialize_program(bumped)
     with pytest.raises(ProgramLoadError, match="exceeds the limit"):
         serialize.deserialize_program(_rewrite(data, lambda t: t, raw_length=1 << 40))

@@ -17,6 +17,7 @@ import torch
 from exportir.fx import Node
 from exportir.fx.node import map_arg
 from exportir.program import kernels, planning, schema
+from exportir.program._emit_loops import LOOPS
 from exportir.program._input_dims import input_sizes
 from exportir.program.kernels import EmitError, source_line
 
@@ -712,6 +713,10 @@ class MethodEmitter:
     def emit_call(self, node: Node) -> None:
         if node.target is torch.ops.higher_order.cond:
             self.emit_cond(node)
+            return
+        loop = LOOPS.get(node.target)
+        if loop is not None:
+            loop(self, node)
             return
         kind = kernels.classify(node, self.gm)
         if kind == "getitem":

@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 MAGIC = b"EXPORTIR"
-FORMAT_MINOR = 1  # 2.1: symbolic input sizes (Method.symbols / input_dims)
+FORMAT_MINOR = schema.MINOR_VERSIONS[schema.FORMAT_VERSION]  # 2.1: symbolic input sizes
 SEGMENT_ALIGNMENT = 64
 _HEADER = struct.Struct("<8sHHIQQQQQQIII")  # see FileLayout
 HEADER_SIZE = 80
@@ -94,6 +94,11 @@ def _data_layout(
     return constants, delegates, cursor
 
 
+def _major(program: schema.Program) -> int:
+    """The header's major version: the program's (3 for loops), 2 for anything older."""
+    return max(program.version, schema.FORMAT_VERSION)
+
+
 def _blobs(program: schema.Program) -> list[bytes | memoryview]:
     return [c.data for c in program.constants] + [d.data for d in program.delegates]
 
@@ -127,7 +132,8 @@ def _write_sections(
     for chunk in chunks:
         data_crc = zlib.crc32(chunk, data_crc)
     fields = [
-        MAGIC, schema.FORMAT_VERSION, FORMAT_MINOR, 0, data_offset + data_len, structure_offset,
+        MAGIC, _major(program), schema.MINOR_VERSIONS.get(_major(program), 0), 0,
+        data_offset + data_len, structure_offset,
         len(compressed), len(raw), data_offset, data_len, zlib.crc32(compressed), data_crc, 0,
     ]
     head = _HEADER.pack(*fields)

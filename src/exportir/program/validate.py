@@ -5,8 +5,9 @@ entries, jump targets), value kinds of instruction operands, tensor dtypes, size
 storage (constant sizes, arena bounds, alignment) and the memory plan (no two simultaneously-live
 planned tensors overlap). The first problem raises :class:`ProgramLoadError` naming the field.
 
-Bounds (:class:`LoadLimits`) keep a hostile file from asking for unbounded memory; jumps must go
-forward, so a method always terminates. Imports only the standard library and the format.
+Bounds (:class:`LoadLimits`) keep a hostile file from asking for unbounded memory; jumps go
+forward, or back to close a loop (format 3) whose iterations a call bounds, so a method always
+terminates. Imports only the standard library and the format.
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ class LoadLimits:
     - ``max_work``: optional budget of one call's work, estimated at load from the planned sizes
       (dynamic sizes at their upper bounds): multiply-adds for contractions (``mm``, ``bmm``,
       convolution, attention), elements read and written otherwise. ``None``: no budget.
+      A loop's instructions count once at load; each further iteration is counted while the
+      call runs, and the call stops when the total passes the budget.
+    - ``max_loop_iterations``: iterations of all loops (``map``, ``while_loop``; format 3)
+      together in one call, so a call always terminates.
     """
 
     max_tensor_bytes: int = 1 << 36
@@ -78,6 +83,7 @@ class LoadLimits:
     max_structure_items: int = 1 << 22
     max_dynamic_bytes: int = 1 << 32
     max_work: int | None = None
+    max_loop_iterations: int = 1 << 24
 
 
 DEFAULT_LIMITS = LoadLimits()
@@ -325,15 +331,27 @@ class _MethodChecker:
             case schema.JumpFalseCall(cond_value=cond, dest=dest):
                 self.value(cond, f"{field}.cond_value", (schema.Bool, schema.Tensor),
                            "a jump condition")
-                if not isinstance(dest, int) or not pc < dest <= len(self.m.instructions):
-                    raise _fail(f"jump target {dest!r} must be forward, in "
-                                f"({pc}, {len(self.m.instructions)}]", f"{field}.dest")
+                self.jump(pc, dest, f"{field}.dest")
             case schema.FreeCall(value=v):
                 v = self.value(v, f"{field}.value", (schema.Tensor,), "a freed value")
                 if not isinstance(self.m.values[v].storage, schema.DynamicStorage):
                     raise _fail("only runtime-allocated tensors may be freed", field)
             case _:
                 raise _fail(f"unknown instruction {type(ins).__name__}", field)
+
+    def jump(self, pc: int, dest: object, field: str) -> None:
+        """Jumps go forward, or (format 3) back to close a loop; a loop runs at most
+        ``max_loop_iterations`` times per call, so every call terminates."""
+        end = len(self.m.instructions)
+        if not isinstance(dest, int) or isinstance(dest, bool):
+            raise _fail(f"jump target {dest!r} is not an instruction index", field)
+        if pc < dest <= end:
+            return
+        if self.program.version < schema.LOOP_FORMAT_VERSION:
+            raise _fail(f"jump target {dest} must be forward, in ({pc}, {end}] (a jump back, a "
+                        f"loop, needs format {schema.LOOP_FORMAT_VERSION})", field)
+        if not 0 <= dest <= pc:
+            raise _fail(f"jump target {dest} is outside [0, {end}]", field)
 
     def plan(self) -> None:
         p = self.m.plan

@@ -168,6 +168,10 @@ def _kernel_step(
         call = _fresh_call(runner, method._frame, reads, fresh)
     # outputs that are caller inputs (tensor None) are the caller's business: not checked
     dynamic_outs = tuple(o for o in outs if o.dynamic and o.tensor is not None)
+    # a dynamic out the kernel also reads (index_copy.out(self=o, out=o), a loop's output
+    # filled row by row) is updated in place: not emptied first
+    read = {operands[p] for p in range(len(operands)) if p not in kernel.writes}
+    emptied = tuple(o for o in dynamic_outs if o.value not in read)
     static_outs = tuple(
         (o.tensor, torch.Size(o.sizes), o) for o in outs if not o.dynamic and o.tensor is not None
     )
@@ -178,7 +182,7 @@ def _kernel_step(
         for region in regions:  # a kernel may have swapped a runtime tensor's storage
             if not region.attached():
                 region.attach()
-        for o in dynamic_outs:
+        for o in emptied:
             o.tensor.resize_(0)
         try:
             if invoke is not None:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exportir.program import schema
+from exportir.program import schema, work
 from exportir.runtime import memory, treespec
 from exportir.runtime._steps import (
     _copy_call,
@@ -95,6 +95,7 @@ class MethodState:
         "_input_sizes",
         "_input_views",
         "_lists",
+        "_loop",
         "_mutated",
         "_out_spec",
         "_planned",
@@ -123,6 +124,7 @@ class MethodState:
         self._input_views: list[tuple[int, int, schema.Tensor]] = []  # (view, input, meta)
         self._dynamic_cap = program.limits.max_dynamic_bytes
         self._mutated: set[int] = set()  # inputs the method writes (found while compiling)
+        self._loop = [0, 0]  # this call's loop iterations and their work (format 3 loops)
         # (input value, the caller's tensor) to copy a mutation back into after this call
         self._write_back: list[tuple[int, torch.Tensor]] = []
         self._regions: dict[int, memory.Region] = {}  # DynamicStorage value -> its memory
@@ -187,6 +189,7 @@ class MethodState:
         values = self._frame
         for region in self._regions.values():  # runtime-allocated tensors start each call empty
             region.tensor.resize_(0)
+        self._loop[0] = self._loop[1] = 0  # loop iterations and their work in this call
         try:
             self._bind_inputs(values, inputs)
             grad = torch.is_grad_enabled()
@@ -309,6 +312,8 @@ class MethodState:
             case schema.MoveCall(src=src, dst=dst):
                 return self._compile_move(pc, src, dst)
             case schema.JumpFalseCall(cond_value=cond, dest=dest):
+                if dest <= pc:
+                    return self._compile_loop_jump(pc, cond, dest)
                 return lambda values: nxt if _truth(values[cond]) else dest
             case schema.FreeCall(value=v):
 
@@ -320,6 +325,33 @@ class MethodState:
 
                 return free
         raise self._failure(pc, f"unknown instruction {type(ins).__name__}")
+
+    def _compile_loop_jump(self, pc: int, cond: int, dest: int) -> Step:
+        """The jump back closing a loop (format 3): counts the call's iterations against
+        ``max_loop_iterations`` and, with a ``max_work`` budget, the work of each further
+        iteration of the loop's body against it (its first counted at load)."""
+        nxt = pc + 1
+        limits = self._program.limits
+        cap, budget = limits.max_loop_iterations, limits.max_work
+        body = sum(work.method_work(self.meta)[dest:pc + 1]) if budget is not None else 0
+        base = sum(work.method_work(self.meta)) if budget is not None else 0
+        loop = self._loop
+
+        def back(values: list[Any]) -> int:
+            if _truth(values[cond]):
+                return nxt
+            loop[0] += 1
+            if loop[0] > cap:
+                raise LimitBreach(f"the call's loops ran more than max_loop_iterations ({cap}) "
+                                  "iterations", "max_loop_iterations")
+            if budget is not None:
+                loop[1] += body
+                if base + loop[1] > budget:
+                    raise LimitBreach(f"the call's work passed max_work ({budget:.3g}) after "
+                                      f"{loop[0]} loop iterations", "max_work")
+            return dest
+
+        return back
 
     def _compile_kernel(self, pc: int, op: schema.Operator, args: tuple[int, ...]) -> Step:
         name = canonical_op_name(op.name, op.overload)

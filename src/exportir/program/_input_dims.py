@@ -3,7 +3,9 @@
 For every tensor input, each dimension is static (``None``) or ``coeff * symbol + offset`` of a
 symbol the method declares with its name (the user's ``Dim`` name) and the range a call may
 use: the exported program's ``range_constraints`` (what the user declared, as torch.export
-reports it) within the bounds the memory plan was made for. The runtime checks a call's inputs
+reports it) within the bounds the memory plan was made for. A ``Dim.AUTO`` / ``Dim.DYNAMIC``
+size whose range starts at 2 (export's assumption while tracing, not the user's) accepts 0 and
+1, as ``ep.module()`` does; a named ``Dim``'s ``min`` is enforced as declared. The runtime checks a call's inputs
 against them before running anything.
 """
 
@@ -58,9 +60,11 @@ class InputSizes:
         planned = _int_or_none(env.bound(symbol).upper) if env is not None else None
         if planned is not None:
             high = planned if high is None else min(high, planned)
-        name = getattr(env, "var_to_name", {}).get(symbol) or where
+        named = getattr(env, "var_to_name", {}).get(symbol)
+        if not named and low is not None and low <= 2:
+            low = 0  # a hint's 2 is export's assumption, not the user's: 0 and 1 run (as torch)
         found = self.index[symbol] = len(self.symbols)
-        self.symbols.append(schema.SymbolRange(name, max(low or 0, 0), high))
+        self.symbols.append(schema.SymbolRange(named or where, max(low or 0, 0), high))
         return found
 
     def dim(self, size: Any, where: str) -> schema.DimSize | None:

@@ -51,6 +51,7 @@ from exportir.export.serialize_program import (
     decode_range_constraints,
     decode_signature,
     decode_tensor_infos,
+    encode_derived_ranges,
     encode_example_inputs,
     encode_module_call_graph,
     encode_range_constraints,
@@ -58,6 +59,7 @@ from exportir.export.serialize_program import (
     encode_tensor_infos,
     rebuild_tensors,
 )
+from exportir.export.serialize_symbolic import decode_shape_env, encode_shape_env, shape_env_of
 from exportir.export.serialize_tensors import decode_tensors, encode_tensors
 from exportir.export.signature import ExportGraphSignature, InputKind
 from exportir.export.verifier import SpecViolationError, load_verifier
@@ -123,6 +125,12 @@ def _encode_program(ep: ExportedProgram, opset: dict[str, int],
         "dialect": ep.dialect,
         "extra_files": extra_kinds,
     }
+    env = shape_env_of(n.meta.get("val") for n in ep.graph.nodes)
+    if env is not None:  # symbolic shapes (format 1.1)
+        section = encode_shape_env(env, _where("/shape_env"))
+        section["derived_ranges"] = encode_derived_ranges(ep.range_constraints,
+                                                          _where("/shape_env/derived_ranges"))
+        program["shape_env"] = section
     tensors = {WEIGHTS: encode_tensors(state_data), CONSTANTS: encode_tensors(const_data)}
     if examples is not None:
         tensors[EXAMPLES] = encode_tensors(example_data)
@@ -224,14 +232,15 @@ def _build(parts: dict[str, Any]) -> ExportedProgram:
 
 def _decode(ar: Archive, expected_opset: dict[str, int] | None) -> tuple[ExportedProgram, Any]:
     program = as_dict(loads_json(ar.read_json(PROGRAM), PROGRAM), PROGRAM)
-    check_keys(program, _PROGRAM_KEYS, set(), PROGRAM)
+    check_keys(program, _PROGRAM_KEYS, {"shape_env"}, PROGRAM)
+    shapes, derived = _shape_env(program.get("shape_env"))
     _check_opset(program["opset_version"], expected_opset)
     dialect = as_str(program["dialect"], _where("/dialect"))
     try:
         verifier = load_verifier(dialect)
     except SpecViolationError as e:
         fail(_where("/dialect"), str(e))
-    gm = decode_graph_module(program["graph_module"], _where("/graph_module"))
+    gm = decode_graph_module(program["graph_module"], _where("/graph_module"), shapes)
     signature = decode_signature(program["signature"], _where("/signature"))
     state = _tensors(ar, WEIGHTS, program["state_dict"], "state_dict")
     constants = _tensors(ar, CONSTANTS, program["constants"], "constants")
@@ -239,8 +248,9 @@ def _decode(ar: Archive, expected_opset: dict[str, int] | None) -> tuple[Exporte
     example_tensors = decode_tensors(ar.read(EXAMPLES), EXAMPLES)[0] if ar.has(EXAMPLES) else {}
     ep = _build({
         "root": gm, "graph": gm.graph, "graph_signature": signature, "state_dict": state,
-        "range_constraints": decode_range_constraints(program["range_constraints"],
-                                                      _where("/range_constraints")),
+        "range_constraints": decode_range_constraints(
+            program["range_constraints"], _where("/range_constraints"),
+            shapes[1] if shapes else None, derived),
         "module_call_graph": decode_module_call_graph(program["module_call_graph"],
                                                       _where("/module_call_graph")),
         "example_inputs": decode_example_inputs(program["example_inputs"], example_tensors,
@@ -248,6 +258,16 @@ def _decode(ar: Archive, expected_opset: dict[str, int] | None) -> tuple[Exporte
         "constants": constants, "verifiers": [verifier],
     })
     return ep, program["extra_files"]
+
+
+def _shape_env(raw: Any) -> tuple[Any, Any]:
+    """``((ShapeEnv, Symbols), derived ranges)`` of a program with symbolic shapes (1.1)."""
+    if raw is None:
+        return None, None
+    where = _where("/shape_env")
+    spec = dict(as_dict(raw, where))
+    derived = spec.pop("derived_ranges", [])
+    return decode_shape_env(spec, where), derived
 
 
 def load(

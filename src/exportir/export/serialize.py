@@ -233,6 +233,9 @@ def _build(parts: dict[str, Any]) -> ExportedProgram:
 def _decode(ar: Archive, expected_opset: dict[str, int] | None) -> tuple[ExportedProgram, Any]:
     program = as_dict(loads_json(ar.read_json(PROGRAM), PROGRAM), PROGRAM)
     check_keys(program, _PROGRAM_KEYS, {"shape_env"}, PROGRAM)
+    if "shape_env" in program and ar.version < (1, 1):
+        fail(_where("/shape_env"), f"a format {ar.version[0]}.{ar.version[1]} file has no "
+             "shape_env section (symbolic shapes need format 1.1)")
     shapes, derived = _shape_env(program.get("shape_env"))
     _check_opset(program["opset_version"], expected_opset)
     dialect = as_str(program["dialect"], _where("/dialect"))

@@ -116,7 +116,7 @@ class _Expected:
     sha256: str
 
 
-def _check_version(manifest: dict[str, Any]) -> None:
+def _check_version(manifest: dict[str, Any]) -> tuple[int, int]:
     fmt = as_str(manifest["format"], f"{MANIFEST}/format")
     if fmt != FORMAT_NAME:
         fail(f"{MANIFEST}/format", f"{fmt!r:.60} is not an exportir program ({FORMAT_NAME!r})")
@@ -128,6 +128,7 @@ def _check_version(manifest: dict[str, Any]) -> None:
         fail(f"{MANIFEST}/version", f"format version {major}.{minor} is not supported; this "
              f"exportir reads {FORMAT_MAJOR}.0 to {FORMAT_MAJOR}.{FORMAT_MINOR} (save the program "
              "again with this version, or upgrade exportir)")
+    return major, minor
 
 
 def _parse_entries(manifest: dict[str, Any]) -> dict[str, _Expected]:
@@ -150,7 +151,7 @@ def _parse_entries(manifest: dict[str, Any]) -> dict[str, _Expected]:
 class Archive:
     """A zip opened for reading with the manifest already validated."""
 
-    __slots__ = ("_expected", "_limits", "_owned", "_zf", "producer")
+    __slots__ = ("_expected", "_limits", "_owned", "_zf", "producer", "version")
 
     def __init__(
         self, f: str | os.PathLike[str] | IO[bytes], limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS
@@ -176,7 +177,7 @@ class Archive:
         self._check_members()
         manifest = as_dict(loads_json(self._read(MANIFEST, None), MANIFEST), MANIFEST)
         check_keys(manifest, {"format", "version", "producer", "entries"}, set(), MANIFEST)
-        _check_version(manifest)
+        self.version = _check_version(manifest)
         self.producer = as_dict(manifest["producer"], f"{MANIFEST}/producer")
         self._expected = _parse_entries(manifest)
 

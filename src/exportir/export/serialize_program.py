@@ -307,17 +307,16 @@ def encode_derived_ranges(ranges: dict[Any, Any], where: str) -> list[Any]:
 
 def _bound(text: str) -> Any:
     import sympy
-    from torch.utils._sympy.numbers import int_oo
 
     sign = -1 if text.startswith("-") else 1
     magnitude = text.lstrip("-")
     if magnitude in ("oo", "int_oo"):
-        return int_oo if sign > 0 else -int_oo
+        return sympy.oo if sign > 0 else -sympy.oo
     return sympy.Integer(sign * int(magnitude))
 
 
 def _range(pair: Any, at: str) -> Any:
-    from torch.utils._sympy.value_ranges import ValueRanges
+    from exportir.symbolic import ValueRanges
 
     bounds = as_list(pair, at)
     if len(bounds) != 2:

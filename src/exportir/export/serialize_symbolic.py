@@ -22,7 +22,6 @@ from typing import Any
 import sympy
 
 from exportir.export.serialize_common import (
-    LIMITS,
     as_bool,
     as_dict,
     as_int,
@@ -121,31 +120,72 @@ class Symbols:
         return found
 
 
-def decode_expr(raw: Any, where: str, symbols: Symbols, depth: int = 0) -> sympy.Basic:
-    """The sympy expression of :func:`encode_expr` JSON (constructors from a fixed table)."""
-    if depth > LIMITS.max_depth:
-        fail(where, f"expression nested deeper than {LIMITS.max_depth}")
+_MAX_INT = 1 << 64  # |integer| in an expression (sizes, bounds and hints are int64)
+_MAX_DEPTH = 64  # nesting of one expression
+_MAX_OPERANDS = 256  # operands of one head
+_MAX_EXPONENT = 64  # |n| in ["**", base, n]
+
+
+def _int(raw: Any, where: str) -> int:
+    number = as_int(raw, where)
+    if abs(number) > _MAX_INT:
+        fail(where, f"integer with {len(str(abs(number)))} digits is outside +-2**64")
+    return number
+
+
+def _atom(raw: Any, where: str, symbols: Symbols) -> sympy.Basic | None:
+    """A leaf (bool, integer, infinity, symbol), or None for a compound expression."""
     if isinstance(raw, bool):
         return sympy.true if raw else sympy.false
     if isinstance(raw, int):
-        return sympy.Integer(as_int(raw, where))
+        return sympy.Integer(_int(raw, where))
     if isinstance(raw, str):
         if raw in ("oo", "-oo"):
             return sympy.oo if raw == "oo" else -sympy.oo
         return symbols.get(raw, where)
+    return None
+
+
+def _literal(head: str, args: list[Any], where: str) -> sympy.Basic | None:
+    """``["q", p, q]`` (a rational) and ``["f", x]`` (a float), else None."""
+    if head == "q" and len(args) == 2:
+        p, q = (_int(a, f"{where}/{i + 1}") for i, a in enumerate(args))
+        return guarded(where, lambda: sympy.Rational(p, q), "invalid rational")
+    if head == "f" and len(args) == 1 and isinstance(args[0], (int, float)) \
+            and not isinstance(args[0], bool):
+        return guarded(where, lambda: sympy.Float(float(args[0])), "invalid float")
+    return None
+
+
+def _check_power(operands: list[sympy.Basic], where: str) -> None:
+    """``**`` only with a small integer exponent (``2**(10**9)`` would not finish)."""
+    if len(operands) != 2 or not (isinstance(operands[1], sympy.Integer)
+                                  and abs(int(operands[1])) <= _MAX_EXPONENT):
+        fail(where, f"exponent must be an integer within +-{_MAX_EXPONENT}")
+
+
+def decode_expr(raw: Any, where: str, symbols: Symbols, depth: int = 0) -> sympy.Basic:
+    """The sympy expression of :func:`encode_expr` JSON (constructors from a fixed table)."""
+    if depth > _MAX_DEPTH:
+        fail(where, f"expression nested deeper than {_MAX_DEPTH}")
+    atom = _atom(raw, where, symbols)
+    if atom is not None:
+        return atom
     items = as_list(raw, where)
     if not items or not isinstance(items[0], str):
         fail(where, "expected an integer, a symbol name or [head, operand...]")
     head, args = items[0], items[1:]
-    if head == "q" and len(args) == 2:
-        p, q = (as_int(a, f"{where}/{i + 1}") for i, a in enumerate(args))
-        return guarded(where, lambda: sympy.Rational(p, q), "invalid rational")
-    if head == "f" and len(args) == 1 and isinstance(args[0], (int, float)):
-        return sympy.Float(float(args[0]))
+    literal = _literal(head, args, where)
+    if literal is not None:
+        return literal
     build = _HEADS.get(head)
     if build is None:
         fail(where, f"unknown expression head {head!r:.20}; known: {sorted(_HEADS)}")
+    if len(args) > _MAX_OPERANDS:
+        fail(where, f"{len(args)} operands exceed {_MAX_OPERANDS}")
     operands = [decode_expr(a, f"{where}/{i + 1}", symbols, depth + 1) for i, a in enumerate(args)]
+    if head == "**":
+        _check_power(operands, where)
     return guarded(where, lambda: build(*operands), f"invalid {head} expression")
 
 
@@ -209,6 +249,19 @@ def encode_shape_env(env: ShapeEnv, where: str) -> dict[str, Any]:
     }
 
 
+def _decode_range(raw: Any, where: str, symbols: Symbols) -> ValueRanges:
+    bounds = as_list(raw, where)
+    if len(bounds) != 2:
+        fail(where, "expected [lower, upper]")
+    lower, upper = (decode_expr(b, f"{where}/{k}", symbols) for k, b in enumerate(bounds))
+    for k, bound in enumerate((lower, upper)):
+        if not (isinstance(bound, sympy.Integer) or bound in (sympy.oo, -sympy.oo)):
+            fail(f"{where}/{k}", f"bound {bound!s:.40} is not an integer or +-oo")
+    if lower > upper:
+        fail(where, f"lower bound {lower} is above the upper bound {upper}")
+    return guarded(where, lambda: ValueRanges(lower, upper), "invalid range")
+
+
 def _declare_symbols(env: ShapeEnv, raw: Any, where: str, symbols: Symbols) -> None:
     keys = {"name", "hint", "range", "sources", "dim", "size_like"}
     for i, entry in enumerate(as_list(raw, where)):
@@ -217,12 +270,8 @@ def _declare_symbols(env: ShapeEnv, raw: Any, where: str, symbols: Symbols) -> N
         check_keys(spec, keys, set(), at)
         sym = symbols.declare(as_str(spec["name"], f"{at}/name"), f"{at}/name")
         if spec["hint"] is not None:
-            env.var_to_hint[sym] = as_int(spec["hint"], f"{at}/hint")
-        bounds = as_list(spec["range"], f"{at}/range")
-        if len(bounds) != 2:
-            fail(f"{at}/range", "expected [lower, upper]")
-        lower, upper = (decode_expr(b, f"{at}/range/{k}", symbols) for k, b in enumerate(bounds))
-        env._set_range(sym, ValueRanges(lower, upper))
+            env.var_to_hint[sym] = _int(spec["hint"], f"{at}/hint")
+        env._set_range(sym, _decode_range(spec["range"], f"{at}/range", symbols))
         env.var_to_sources[sym] = [as_str(s, f"{at}/sources") for s in
                                    as_list(spec["sources"], f"{at}/sources")]
         if spec["dim"] is not None:
@@ -263,6 +312,8 @@ def decode_shape_env(raw: Any, where: str) -> tuple[ShapeEnv, Symbols]:
             if len(items) != 2:
                 fail(at, "expected [expression, frame]")
             expr = decode_expr(items[0], f"{at}/0", symbols)
+            if expr is sympy.false:
+                fail(f"{at}/0", f"a {key[:-1].replace('_', ' ')} that is always false")
             target.append(cls(expr, _dec_frame(items[1], f"{at}/1")))
             if key == "guards":  # the facts export knew (Ne(s0, 128), ...)
                 guarded(at, lambda e=expr: env._learn(e), "cannot use the guard")

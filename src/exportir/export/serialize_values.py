@@ -379,6 +379,8 @@ def _dim(raw: Any, where: str, shapes: Any, lo: int) -> Any:
 
         env, symbols = shapes
         expr = decode_expr(spec["sym"], f"{where}/sym", symbols)
+        if expr.is_integer is not True:
+            fail(f"{where}/sym", f"{expr!s:.60} is not an integer size")
         return guarded(where, lambda: env.symint(expr), "invalid symbolic size")
     return as_int(raw, where, lo=lo, hi=LIMITS.max_dim)
 

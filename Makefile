@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-export bench-program clean
+.PHONY: demo test fuzz bench bench-export bench-program clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,3 +44,11 @@ bench-program: $(BENCH_STAMP)
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV)
+
+# A longer run of the fuzz suite (tests/fuzz): EXPORTIR_FUZZ_CASES mutants per file kind from a
+# seed of its own (FUZZ_SEED=... to reproduce one); `make test` runs a fixed seed and a few.
+FUZZ_CASES ?= 5000
+FUZZ_SEED ?= $(shell date +%s)
+
+fuzz: $(STAMP)
+	EXPORTIR_FUZZ_CASES=$(FUZZ_CASES) EXPORTIR_FUZZ_SEED=$(FUZZ_SEED) $(PY) -m pytest -q -p no:xdist -s tests/fuzz

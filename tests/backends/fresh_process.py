@@ -26,7 +26,7 @@ _SRC = str(Path(__file__).resolve().parents[2] / "src")
 _CHILD = r"""
 import json, os, sys
 import torch
-from exportir.runtime import Program
+from exportir.runtime import Program, default_kernel_registry
 
 def tensor(spec):
     dtype, shape = getattr(torch, spec["dtype"]), spec["shape"]
@@ -46,7 +46,11 @@ def leaves(x):
 def run(job):
     for module in job["preload"]:  # libraries defining custom ops the program calls
         __import__(module)
-    method = Program.load(job["program"]).method(job.get("method", "forward"))
+    kernels = default_kernel_registry()
+    for name in job["custom_ops"]:  # the custom ops registered on purpose
+        namespace, op = name.split("::")
+        kernels.register_op(getattr(getattr(torch.ops, namespace), op))
+    method = Program.load(job["program"], kernels=kernels).method(job.get("method", "forward"))
     args = [tensor(s) for s in job["args"]]
     kwargs = {k: tensor(s) for k, s in job["kwargs"].items()}
     outs, offset = [], 0
@@ -90,13 +94,15 @@ print(json.dumps(results))
 class Job:
     """Run ``method`` of the program file ``program`` on ``args`` / ``kwargs`` (tensors),
     after importing the modules in ``preload`` (libraries defining custom ops the program
-    calls: the runtime runs those through their ``torch.library`` registration)."""
+    calls: the runtime runs those through their ``torch.library`` registration) and
+    registering the ops ``custom_ops`` names (``ns::op``) with the runtime, on purpose."""
 
     program: Path
     args: tuple[torch.Tensor, ...] = ()
     kwargs: dict[str, torch.Tensor] = field(default_factory=dict)
     method: str = "forward"
     preload: tuple[str, ...] = ()
+    custom_ops: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -134,6 +140,7 @@ def run_fresh(jobs: list[Job], workdir: Path, timeout: float = 900) -> list[list
             "program": str(job.program),
             "method": job.method,
             "preload": list(job.preload),
+            "custom_ops": list(job.custom_ops),
             "args": [_write_tensor(t, workdir / f"in{i}_{k}.bin") for k, t in enumerate(job.args)],
             "kwargs": {
                 name: _write_tensor(t, workdir / f"in{i}_{name}.bin")

@@ -16,7 +16,7 @@ from exportir import Dim, export
 from exportir.dialects.edge.config import EdgeCompileConfig
 from exportir.passes.edge_decompositions import histc
 from exportir.program.manager import to_edge
-from exportir.runtime import Program
+from exportir.runtime import Program, default_kernel_registry
 
 aten = torch.ops.aten
 
@@ -35,8 +35,12 @@ def _aten_ops(edge) -> set:
     return {getattr(n.target, "aten_op", n.target) for n in ep.graph.nodes if n.op == "call_function"}
 
 
-def _runs_like_eager(model, args, edge, inputs=None):
-    method = Program.load(edge.to_program().buffer).method("forward")
+def _runs_like_eager(model, args, edge, inputs=None, preserved=()):
+    """Run the program (ops kept out of the Edge op set by ``preserve_ops`` are outside the
+    runtime's kernel table: registered on purpose) and compare with eager."""
+    kernels = default_kernel_registry()
+    kernels.register_op(*preserved)
+    method = Program.load(edge.to_program().buffer, kernels=kernels).method("forward")
     for x in inputs or [args]:
         with torch.no_grad():
             expected = model(*x)
@@ -82,7 +86,7 @@ def test_preserve_ops_keeps_vector_norm_whole():
     config = EdgeCompileConfig(preserve_ops=[aten.linalg_vector_norm.default])
     edge = to_edge(export(model, args), compile_config=config)
     assert aten.linalg_vector_norm.default in _aten_ops(edge)
-    _runs_like_eager(model, args, edge)
+    _runs_like_eager(model, args, edge, preserved=[aten.linalg_vector_norm])
 
 
 # ---------------------------------------------------------------------------- histc
@@ -137,7 +141,7 @@ def test_preserve_ops_keeps_histc_whole_and_the_runtime_runs_it():
     config = EdgeCompileConfig(preserve_ops=[aten.histc.default])
     edge = to_edge(export(model, args), compile_config=config)
     assert aten.histc.default in _aten_ops(edge)
-    _runs_like_eager(model, args, edge)
+    _runs_like_eager(model, args, edge, preserved=[aten.histc])
 
 
 # ---------------------------------------------------------------------------- kept whole

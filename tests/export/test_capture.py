@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from exportir.export._export import export
-from exportir.export.capture import ExportError, retrace
+from exportir.export._retrace import retrace
+from exportir.export.capture import ExportError
 from exportir.export.fake import DataDependentError, FakeTensor, MissingFakeImplError
 
 # ----------------------------------------------------------------------------- models

@@ -296,36 +296,8 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[int], tuple]]] = {
     "stft": (Stft, _r(64)),
 }
 
-_KEPT_WHOLE = "torch.export keeps this CompositeImplicitAutograd op whole until decomposed"
 # (stage, case) -> (ours-only ops, torch-only ops, reason); asserted exactly
-KNOWN_DIFFERENCES: dict[tuple[str, str], tuple[dict, dict, str]] = {
-    ("aten", "adaptive_avg_pool1d_transposed"): (
-        {"aten.unsqueeze.default": 1, "aten.mean.dim": 1, "aten.as_strided.default": 1,
-         "aten.squeeze.dim": 1},
-        {"aten.adaptive_avg_pool1d.default": 1},
-        _KEPT_WHOLE,
-    ),
-    ("aten", "adaptive_avg_pool2d_channels_last"): (
-        {"aten.mean.dim": 1, "aten.as_strided.default": 1},
-        {"aten.adaptive_avg_pool2d.default": 1},
-        _KEPT_WHOLE,
-    ),
-    ("aten", "stft"): (
-        {"aten.reflection_pad1d.default": 1, "aten.unsqueeze.default": 1,
-         "aten.unfold.default": 1, "aten.mul.Tensor": 1, "aten._fft_r2c.default": 1,
-         "aten.transpose.int": 1, "aten.squeeze.dim": 1},
-        {"aten.pad.default": 1, "aten.stft.default": 1},
-        _KEPT_WHOLE,
-    ),
-    ("aten", "detached_input"): (
-        {}, {"aten.detach.default": 2},
-        "exportir drops detach / alias nodes from the functional graph (same value)",
-    ),
-    ("core", "detached_input"): (
-        {}, {"aten.alias.default": 2},
-        "exportir drops detach / alias nodes from the functional graph (same value)",
-    ),
-}
+KNOWN_DIFFERENCES: dict[tuple[str, str], tuple[dict, dict, str]] = {}
 
 
 # --- helpers ---------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ For every corpus model:
   (torch 2.13's ``export`` returns its non-functional training IR, whose outputs carry no
   mutation specs until it is decomposed, so only inputs are comparable there);
 - after ``run_decompositions()``, each call_function node's (op, stack_trace, module path of
-  its ``nn_module_stack``) matches torch's, as multisets. (Before decomposition torch 2.13 keeps
-  CompositeImplicit ops such as ``aten.linear`` whole, which exportir need not do.)
+  its ``nn_module_stack``) matches torch's, as multisets. (The op multiset before decomposition,
+  against torch's ``run_decompositions({})``, is tests/export/test_fidelity.py's.)
 
 Any known difference goes into ``EXPECTED_DIFFERENCES`` with its reason and is asserted
 exactly (ours-only and torch-only parts), so a fixed difference makes the test fail until the
@@ -45,6 +45,17 @@ _TORCH_EVAL_WITH_KEY = (
 # difference must be present as listed (a fix on either side makes the test fail until the
 # entry is removed), and any other difference still fails.
 EXPECTED_DIFFERENCES: dict[tuple[str, str], tuple[dict, dict, str]] = {
+    ("signature", "gpt_kv_cache"): (
+        {("USER_OUTPUT", "TensorArgument", "view_41", None): 1},
+        {("USER_OUTPUT", "TensorArgument", "view_45", None): 1},
+        (
+            "node names only (ops and order of outputs agree): torch 2.13 re-functionalizes its "
+            "training IR (index_copy_ into the cache buffers) while decomposing, and the views "
+            "of the mutated buffers it regenerates for matmul's decomposition and then drops "
+            "use up name counters (permute_5, expand_1, view_7...). exportir's graph is "
+            "functional from capture on and names its nodes without gaps."
+        ),
+    ),
     ("sources", "no_grad_and_dtype"): (
         {
             ("aten.permute.default", _NO_GRAD_LINEAR, (*_NO_GRAD_PATH, ("fc", "torch.nn.modules.linear.Linear"))): 1,
@@ -147,7 +158,13 @@ def test_decomposed_signature_matches_torch(name: str) -> None:
     ours = h.signature_rows(h.quiet(_ours(name).run_decompositions))
     theirs = _torch_summary(name)["signature"]
     assert ours[0] == theirs[0], f"{name}: input specs\n  ours:\n{_rows(ours[0])}\n  torch:\n{_rows(theirs[0])}"
-    assert ours[1] == theirs[1], f"{name}: output specs\n  ours:\n{_rows(ours[1])}\n  torch:\n{_rows(theirs[1])}"
+    expected = _expected("signature", name)
+    if expected == ({}, {}):
+        assert ours[1] == theirs[1], f"{name}: output specs\n  ours:\n{_rows(ours[1])}\n  torch:\n{_rows(theirs[1])}"
+        return
+    diff = _diff(Counter(ours[1]), Counter(theirs[1]))
+    assert diff == expected, _explain(name, "output specs", diff, expected)
+    assert [r[0] for r in ours[1]] == [r[0] for r in theirs[1]], f"{name}: output kinds differ"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -174,7 +191,7 @@ def test_noncore_table_matches_torch() -> None:
 
 def test_expected_differences_name_real_models() -> None:
     for (test, name), (_, _, reason) in EXPECTED_DIFFERENCES.items():
-        assert test in {"ops", "sources"} and name in em.BY_NAME and reason
+        assert test in {"ops", "sources", "signature"} and name in em.BY_NAME and reason
 
 
 # --------------------------------------------------------------------------------------------

@@ -65,6 +65,14 @@ def exported(name: str) -> Any:
 
 
 @functools.cache
+def core(name: str) -> Any:
+    """The static export decomposed to the core ATen op set (``run_decompositions()``)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return exported(name).run_decompositions()
+
+
+@functools.cache
 def exported_dynamic(name: str) -> Any:
     import exportir
 
@@ -97,7 +105,27 @@ def _program_file(name: str, road: str) -> Path:
     return path
 
 
+# Custom ops the corpus programs call, registered with the runtime on purpose (it runs no other):
+# transformers' MoE experts multiply through transformers::grouped_mm_fallback.
+CUSTOM_OPS = {"transformers.integrations.moe": ("transformers::grouped_mm_fallback",)}
+
+
+def kernels() -> Any:
+    """The runtime's default kernels plus the corpus' custom ops (:data:`CUSTOM_OPS`)."""
+    import importlib
+
+    from exportir.runtime import default_kernel_registry
+
+    registry = default_kernel_registry()
+    for module, names in CUSTOM_OPS.items():
+        importlib.import_module(module)
+        for name in names:
+            namespace, op = name.split("::")
+            registry.register_op(getattr(getattr(torch.ops, namespace), op))
+    return registry
+
+
 def run_program(path: Path, kwargs: dict[str, Any]) -> Any:
     from exportir.runtime import Program
 
-    return Program.load(path).method("forward")(**kwargs)
+    return Program.load(path, kernels=kernels()).method("forward")(**kwargs)

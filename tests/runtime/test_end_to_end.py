@@ -11,7 +11,9 @@ import torch
 from corpus.export_models import BY_NAME, ENTRIES, build
 
 from exportir import pytree
-from exportir.runtime import MethodInputError, Program, RuntimeFailure
+from exportir.program import schema
+from exportir.runtime import MethodInputError, Program, default_kernel_registry
+from exportir.runtime.kernel_table import KERNEL_TABLE
 
 
 def _compile(name: str, delegate: bool = False) -> bytes:
@@ -25,6 +27,14 @@ def _compile(name: str, delegate: bool = False) -> bytes:
 
         edge = edge.to_backend(FusedCpuPartitioner())
     return edge.to_program().buffer
+
+
+def _kernels(name: str):
+    """The kernel registry for corpus model ``name``: its custom ops registered on purpose."""
+    kernels = default_kernel_registry()
+    if "custom_op" in BY_NAME[name].tags:
+        kernels.register_op(torch.ops.exportir_test.scaled_tanh, torch.ops.exportir_test.split_stats)
+    return kernels
 
 
 def _tensors(tree) -> list[torch.Tensor]:
@@ -42,7 +52,13 @@ def _assert_same(got, expected) -> None:
 @pytest.mark.parametrize("name", [e.name for e in ENTRIES])
 def test_corpus_model_runs_like_eager(name, delegate):
     data = _compile(name, delegate)
-    program = Program.load(data)  # the default delegate registry runs the fused CPU backend
+    # the default delegate registry runs the fused CPU backend
+    program = Program.load(data, kernels=_kernels(name))
+    for meta in program.schema.methods:  # every operator the emitter names is in the table
+        for op in meta.operators:
+            name_ = f"{op.name}.{op.overload or 'default'}"
+            assert name_ in KERNEL_TABLE or op.is_functional_fallback or (
+                (op.name, op.overload) in schema.PRIM_OPERATORS), name_
     if delegate:
         assert program.schema.delegates, "the partitioner claimed nothing"
     method = program.method("forward")

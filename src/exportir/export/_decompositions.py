@@ -12,7 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._prims_common import compute_elementwise_output_logical_to_physical_perm
+from torch._prims_common import (
+    compute_elementwise_output_logical_to_physical_perm,
+    suggest_memory_format,
+)
 
 aten = torch.ops.aten
 
@@ -63,6 +66,24 @@ def sdpa_flash_attention_for_cpu(
     return aten.permute.default(output, inverse), attn
 
 
+def adaptive_avg_pool2d(x: torch.Tensor, output_size: list[int]) -> torch.Tensor:
+    """``aten.adaptive_avg_pool2d`` as its C++ composite kernel, with a functional restride.
+
+    For a 1x1 output the kernel takes the mean over the last two dimensions and, for a
+    channels-last input, restrides it with the in-place ``as_strided_``: a metadata mutation
+    a functional graph cannot hold. The same restride through ``as_strided`` gives the ops
+    torch.export's core graph has (``mean.dim`` + ``as_strided``).
+    """
+    if output_size[0] != 1 or output_size[1] != 1 or x.is_quantized:
+        return aten._adaptive_avg_pool2d.default(x, output_size)
+    out = aten.mean.dim(x, [-1, -2], True)
+    if suggest_memory_format(x) != torch.channels_last:
+        return out
+    n, c = x.shape[0], x.shape[1]
+    return aten.as_strided.default(out, [n, c, 1, 1], [c, 1, c, c])
+
+
 OVERRIDES: dict[Any, Callable[..., Any]] = {
     aten._scaled_dot_product_flash_attention_for_cpu.default: sdpa_flash_attention_for_cpu,
+    aten.adaptive_avg_pool2d.default: adaptive_avg_pool2d,
 }

@@ -9,6 +9,8 @@
 - ``source_fn_stack``: ``[(name, fn_or_class)]``: the innermost ``torch.nn`` module class when the
   op runs inside one, else the torch-level function being called (recorded by
   :class:`TorchFunctions`, a ``TorchFunctionMode``), else the op itself.
+
+And the node's name: :func:`node_name`.
 """
 
 from __future__ import annotations
@@ -20,11 +22,21 @@ from typing import Any, Self
 import torch
 from torch.overrides import TorchFunctionMode
 
+from exportir.fx.namespace import is_magic, snake_case
+
 _EXPORTIR_DIR = __file__.rsplit("/export/", 1)[0] + "/"
 _TORCH_INIT = torch.__file__
 # torch's custom-op glue: its autograd.Function ``forward`` runs the op below autograd, where
 # capture records it; torch.export records custom ops before autograd, without this frame.
 _TORCH_LIBRARY_DIR = _TORCH_INIT.rsplit("/", 1)[0] + "/_library/"
+
+
+def node_name(target: Any) -> str:
+    """The name torch.export gives a node calling ``target`` before de-duplication: the op's
+    name, dunders stripped and snake-cased (``aten.__and__.Tensor`` -> ``and`` -> ``and_1``)."""
+    packet = getattr(target, "overloadpacket", None)
+    name = packet.__name__ if packet is not None else getattr(target, "__name__", "fn")
+    return snake_case(name[2:-2] if is_magic(name) else name)
 
 
 def _is_user_forward(code: Any) -> bool:

@@ -115,7 +115,7 @@ INVERSES: dict[Any, Inverse] = {
     aten.permute.default: _permute_back,
     aten.transpose.int: _same_op,
     aten.t.default: _same_op,
-    aten.alias.default: _identity,
+    aten.alias.default: _same_op,  # torch writes back through an alias with an alias
     aten.detach.default: _identity,
 }
 

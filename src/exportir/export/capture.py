@@ -3,9 +3,10 @@
 The user's ``forward`` runs with the ordinary interpreter. Inputs are fake tensors, parameters
 and buffers stay the module's real tensors but are mapped to fakes (and to placeholders) the
 first time an op touches them, and a ``TorchDispatchMode`` records each ATen op reaching the
-dispatcher (below autograd, so CompositeImplicitAutograd ops arrive decomposed: ``linear`` as
-``t`` + ``addmm``) into an :class:`exportir.fx.Graph`. Python values are static: they are burned
-into the graph as literals, branches take the traced path and loops unroll.
+dispatcher into an :class:`exportir.fx.Graph`. Composite-implicit ops torch.export keeps whole
+(``linear``, ``conv2d``, ``scaled_dot_product_attention``...) reach the recorder whole and become
+one node each (_composite.py); the others arrive decomposed. Python values are static: they are
+burned into the graph as literals, branches take the traced path and loops unroll.
 
 The recorded graph still has in-place ops, ``out=`` ops and views of state; functionalize.py
 turns it into the functional form and adds the mutation outputs.
@@ -21,10 +22,15 @@ from typing import Any, Self
 
 import sympy
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from exportir import pytree
-from exportir.export._composite import KEPT_WHOLE, CompositeOverrides
+from exportir.export._composite import (
+    CompositeOverrides,
+    composite_plan,
+    composite_value,
+    with_grad_of,
+)
 from exportir.export._inputs import bind_inputs, flatten_with_names, forward_arg_names
 from exportir.export._layout_watch import LayoutWatch
 from exportir.export._node_meta import (
@@ -32,6 +38,7 @@ from exportir.export._node_meta import (
     TorchFunctions,
     current_stack_trace,
     innermost_user_frame,
+    node_name,
     source_fn_entry,
 )
 from exportir.export.fake import (
@@ -40,7 +47,6 @@ from exportir.export.fake import (
     fake_like,
     fakify,
     run_fake,
-    shape_env_of,
 )
 from exportir.fx import Graph, GraphModule, Node
 from exportir.symbolic import ShapeEnv
@@ -84,6 +90,9 @@ class Recorder:
         self.inputs: dict[Node, Lifted] = {}
         self.attr_constants: dict[int, str] = {}
         self.decomposition_table = decomposition_table
+        # composite-implicit ops recorded as one node, and those routed whole to dispatch
+        self.preserved, self.whole = composite_plan(decomposition_table)
+        self.fresh_factory: Any = None  # the result of a factory op, while it is the last op
         self.modules: ModuleCalls | None = None
         self.functions: TorchFunctions | None = None
         self.origin: Node | None = None  # retrace: the node being re-run (meta is copied)
@@ -116,10 +125,14 @@ class Recorder:
     def _lift_constant(self, real: torch.Tensor, fake: FakeTensor) -> None:
         _check_initialized("tensor", "", real)
         target = self.attr_constants.get(id(real))
-        if target is None:
-            target = f"lifted_tensor_{self._lifted_count}"
+        if target is None:  # named as torch.export does: under the innermost module running
+            target = _join(self._innermost_module(), f"lifted_tensor_{self._lifted_count}")
             self._lifted_count += 1
         self.add_input("c_" + _sanitize(target), fake, Lifted("constant", target, None, real))
+
+    def _innermost_module(self) -> str:
+        stack = self.modules.current() if self.modules else {}
+        return next(reversed(stack.values()))[0] if stack else ""
 
     # -- recording ------------------------------------------------------------------------
 
@@ -188,13 +201,35 @@ class Recorder:
         return node
 
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        fresh, self.fresh_factory = self.fresh_factory, None
+        if func is aten.detach.default and fresh is not None and args[0] is fresh:
+            return self._same_node(func, args, kwargs)
+        out = self._dispatch(func, args, kwargs)
+        if _is_factory(func):
+            self.fresh_factory = out
+        return out
+
+    def _same_node(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """The ``detach`` torch's Python binding of a factory (``torch.arange``...) applies to
+        the tensor it made: the result stands for the same node (torch.export, which traces
+        above that binding's C++ code, never sees it either)."""
+        out = run_fake(func, args, kwargs, self.converter)
+        self.nodes[id(out)] = (out, self.node_for(args[0]))
+        return out
+
+    def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         table = self.decomposition_table
         if table and func in table:
             with self.mode:
-                return table[func](*args, **kwargs)
+                out = table[func](*args, **kwargs)
+            if out is not NotImplemented:  # a table entry may decline (torch's convention)
+                return out
+            return self.record_whole(func, args, kwargs)
         special = SPECIAL_OPS.get(func)
         if special is not None:
             return special(self, func, args, kwargs)
+        if func in self.preserved:
+            return self.record_whole(func, args, kwargs)
         if _is_composite_implicit(func):
             # reached below autograd (from inside a decomposition): decompose like autograd would
             with self.mode:
@@ -217,13 +252,36 @@ class Recorder:
         self.record(func, args, kwargs, out)
         return out
 
+    def record_whole(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """A composite op kept whole: one node. Its value comes from its composite kernel,
+        unrecorded (``_composite.composite_value``)."""
+        try:
+            out = composite_value(func, args, kwargs, self.converter)
+        except (NotImplementedError, RuntimeError):
+            # a part of it has data-dependent sizes (argwhere, nonzero(as_tuple=True),
+            # repeat_interleave with a tensor of repeats), which only the recorder's rules
+            # compute: recorded decomposed (torch.export keeps these whole)
+            with self.mode:
+                return func.decompose(*args, **kwargs)
+        if isinstance(out, torch.Tensor) and id(out) in self.nodes:
+            # the kernel handed back its input (``type_as`` of the same dtype): the kept op
+            # is a node of its own, so its value is a tensor of its own
+            out = fake_like(out)
+        if torch._C._len_torch_dispatch_stack():  # outer captures (a cond body's) must not
+            with _disable_current_modes():  # see its op
+                out = with_grad_of(out, args)
+        else:
+            out = with_grad_of(out, args)
+        self.record(func, args, kwargs, out)
+        return out
+
     def record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> Node:
         node = self.graph.create_node(
             "call_function",
             func,
             self.as_arg(tuple(args)),
             {k: self.as_arg(v) for k, v in kwargs.items()},
-            name=_node_name(func),
+            name=node_name(func),
         )
         self._fill_meta(node, func, _as_val(out))
         if isinstance(out, (tuple, list)):
@@ -317,16 +375,12 @@ class CaptureMode(TorchDispatchMode):
 
 
 def _lift_fresh(rec: Recorder, func: Any, args: tuple, kwargs: dict) -> Any:
-    """``torch.tensor(data)`` in forward: the data becomes a lifted constant, copied fresh."""
+    """``torch.tensor(data)`` in forward: the data becomes a lifted constant, copied fresh
+    (``clone``, the op torch.export's functionalization makes of ``lift_fresh_copy``)."""
     const = rec.converter.from_real(args[0])
     out = fake_like(const, requires_grad=False)
-    rec.record(aten.lift_fresh_copy.default, (const,), {}, out)
+    rec.record(aten.clone.default, (const,), {}, out)
     return out
-
-
-def _kept_whole(rec: Recorder, func: Any, args: tuple, kwargs: dict) -> Any:
-    """A composite op torch keeps whole (_composite.KEPT_WHOLE): one node, not its parts."""
-    return rec.run_and_record(func, args, kwargs)
 
 
 def _assert_tensor_metadata(rec: Recorder, func: Any, args: tuple, kwargs: dict) -> None:
@@ -355,8 +409,15 @@ SPECIAL_OPS: dict[Any, SpecialRule] = {
     aten.lift_fresh.default: _lift_fresh,
     aten.lift_fresh_copy.default: _lift_fresh,
     aten._assert_tensor_metadata.default: _assert_tensor_metadata,
-    **dict.fromkeys(KEPT_WHOLE, _kept_whole),
 }
+
+
+@cache
+def _is_factory(func: Any) -> bool:
+    """An op taking tensor options (``arange``, ``zeros_like``...): Python bindings of these
+    hand the result through ``make_variable``, which detaches it."""
+    schema = getattr(func, "_schema", None)
+    return schema is not None and any(a.name == "pin_memory" for a in schema.arguments)
 
 
 @cache
@@ -376,14 +437,17 @@ class TraceSettings:
     recorded ops are then the ones torch.export's decomposition produces.
     """
 
-    __slots__ = ("_composite", "_dispatcher", "_mkldnn")
+    __slots__ = ("_composite", "_dispatcher", "_mkldnn", "_whole")
+
+    def __init__(self, whole: frozenset[Any] = frozenset()) -> None:
+        self._whole = whole  # composite ops that reach the recorder whole (_composite.py)
 
     def __enter__(self) -> Self:
         self._dispatcher = torch._C._EnablePythonDispatcher()
         self._dispatcher.__enter__()
         self._mkldnn = torch._C._get_mkldnn_enabled()
         torch._C._set_mkldnn_enabled(False)
-        self._composite = CompositeOverrides().__enter__()
+        self._composite = CompositeOverrides(self._whole).__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -497,11 +561,6 @@ def _sanitize(name: str) -> str:
     return out.lower()
 
 
-def _node_name(func: Any) -> str:
-    packet = getattr(func, "overloadpacket", None)
-    return packet.__name__ if packet is not None else getattr(func, "__name__", "fn")
-
-
 def _has_tensor(out: Any) -> bool:
     if isinstance(out, torch.Tensor):
         return True
@@ -580,8 +639,9 @@ def capture(
     try:
         with ModuleState(mod) as state, ModuleCalls(mod) as calls, TorchFunctions() as functions:
             rec.modules, rec.functions = calls, functions
-            with ExportingFlags(), TraceSettings(), CaptureMode(rec), _control_flow().ControlFlowMode(), \
-                    SymIndexing(), DataDependentHooks(rec, mod, draft=draft):
+            with ExportingFlags(), TraceSettings(rec.whole), CaptureMode(rec), \
+                    _control_flow().ControlFlowMode(), SymIndexing(), \
+                    DataDependentHooks(rec, mod, draft=draft):
                 out = mod(*fake_args, **fake_kwargs)
                 reassigned = {
                     fqn: rec.node_for(t) for fqn, t in state.reassigned_buffers().items()
@@ -748,108 +808,8 @@ def _module_call_graph(mod: torch.nn.Module, in_spec: Any, out_spec: Any, names:
     return [root] + [ModuleCallEntry(fqn) for fqn, _ in mod.named_modules() if fqn]
 
 
-# --- re-tracing a captured graph -----------------------------------------------------------
-
-
-def retrace(
-    gm: GraphModule,
-    flat_fake_inputs: list,
-    *,
-    decomposition_table: dict | None = None,
-    mutation_outputs: frozenset[str] = frozenset(),
-) -> GraphModule:
-    """Re-run a captured graph through the recorder, decomposing ops found in the table.
-
-    Placeholders keep their names and order and outputs keep their order, so the graph
-    signature carries over position by position. Every recorded node copies ``stack_trace``,
-    ``nn_module_stack`` and ``source_fn_stack`` from the node it came from. The result is
-    functionalized again (decompositions may use in-place ops on fresh tensors).
-    ``mutation_outputs`` names the nodes holding mutated inputs' new values: views of them are
-    regenerated before each use, as torch's functionalization does (_view_replay.py).
-    """
-    from exportir.export._finalize import finalize_retrace
-    from exportir.export._view_replay import ViewReplay, mutation_roots
-
-    table = dict(decomposition_table or {})
-    if table:
-        table = {**_ALWAYS_DECOMPOSED, **table}
-    # symbolic inputs keep their symbols: the program's ShapeEnv (ranges, replacements) goes on
-    rec = Recorder(decomposition_table=table, shape_env=shape_env_of(flat_fake_inputs))
-    env: dict[Node, Any] = {}
-    placeholders = list(gm.graph.find_nodes(op="placeholder"))
-    if len(placeholders) != len(flat_fake_inputs):
-        raise ValueError(
-            f"retrace: the graph has {len(placeholders)} placeholders but "
-            f"{len(flat_fake_inputs)} inputs were given"
-        )
-    for ph, val in zip(placeholders, flat_fake_inputs):
-        fake = fake_like(val) if isinstance(val, torch.Tensor) else val
-        node = rec.add_input(ph.name, fake, Lifted("user", ph.name, None, val))
-        node.meta.update({k: v for k, v in ph.meta.items() if k != "val"})
-        env[ph] = fake
-    output = None
-    replay = ViewReplay(mutation_roots(gm, mutation_outputs))
-
-    def rerun_view(view: Node) -> None:
-        env[view] = _rerun(view, env)
-
-    rec.shape_env.op_listener = rec.on_sym_op  # symbolic arithmetic nodes are re-recorded
-    try:
-        with TraceSettings(), CaptureMode(rec), _control_flow().ControlFlowMode():
-            for node in gm.graph.nodes:
-                if node.op == "call_function":
-                    rec.origin = node
-                    replay.before(node, rerun_view)
-                    env[node] = _rerun(node, env)
-                    replay.after(node)
-                elif node.op == "get_attr":  # a cond/map/while_loop body
-                    env[node] = getattr(gm, node.target)
-                elif node.op == "output":
-                    output = node
-    finally:
-        rec.shape_env.op_listener = None
-    results = output.args[0] if isinstance(output.args[0], (list, tuple)) else (output.args[0],)
-    flat_out = []
-    for result in results:
-        # a node made only now (the sym_size of a returned size) takes the meta of the node
-        # it stands for; the output node has no stack_trace / nn_module_stack to give
-        known = isinstance(result, Node) and "stack_trace" in result.meta
-        rec.origin = result if known else output
-        flat_out.extend(_output_value(rec, o) for o in pytree.tree_leaves(_lookup(result, env)))
-    rec.graph.output(tuple(flat_out))
-    return _control_flow().attach_subgraphs(finalize_retrace(rec), rec.subgraphs)
-
-
 def _control_flow() -> Any:
     """control_flow.py captures torch.cond / map / while_loop (it builds on this module)."""
     from exportir.export import control_flow
 
     return control_flow
-
-
-def _lift_fresh_copy(t: torch.Tensor) -> torch.Tensor:
-    return aten.clone.default(t)
-
-
-# non-core ops that torch's decomposition leaves as something else without a table entry
-_ALWAYS_DECOMPOSED: dict[Any, Callable[..., Any]] = {
-    aten.lift_fresh_copy.default: _lift_fresh_copy,
-}
-
-
-def _lookup(a: Any, env: dict[Node, Any]) -> Any:
-    if isinstance(a, Node):
-        return env[a]
-    if isinstance(a, list):
-        return [_lookup(x, env) for x in a]
-    if isinstance(a, tuple):
-        return tuple(_lookup(x, env) for x in a)
-    if isinstance(a, dict):
-        return {k: _lookup(v, env) for k, v in a.items()}
-    return a
-
-
-def _rerun(node: Node, env: dict[Node, Any]) -> Any:
-    args = _lookup(node.args, env)
-    kwargs = _lookup(dict(node.kwargs), env)
-    return node.target(*args, **kwargs)

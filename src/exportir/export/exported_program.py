@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import operator
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
-from torch._decomp import _should_decompose_because_unsafe_op
-from torch._ops import OpOverload
 
 from exportir import pytree
-from exportir.export import _decompositions, _unlift
+from exportir.export import _unlift
+from exportir.export.decomp_table import CustomDecompTable, as_plain_table
 from exportir.export.signature import (
     ArgumentSpec,
     ConstantArgument,
@@ -84,97 +82,15 @@ class CallSpec(NamedTuple):
 
 # ---------------------------------------------------------------------------- decompositions
 
-# Composite-implicit ATen ops kept whole by default (as torch.export does).
-_PRESERVED_CIA_OPS = frozenset(
-    {
-        "aten.upsample_bilinear2d.vec",
-        "aten.upsample_nearest2d.vec",
-        "aten.silu_backward.default",
-        "aten.mish_backward.default",
-        "aten._fused_rms_norm.default",
-    }
-)
 
-
-_CIA = torch._C.DispatchKey.CompositeImplicitAutograd
-
-
-def _python_cia_kernel(op: OpOverload) -> Callable[..., Any] | None:
-    kernel = op.py_kernels.get(_CIA)
-    return None if kernel is None or isinstance(kernel, torch._C.DispatchKey) else kernel
-
-
-# Tensor-metadata queries: answered by the tracer, never recorded, never decomposed.
-_METADATA_OPS = frozenset({
-    "aten.is_contiguous.default", "aten.is_contiguous.memory_format",
-    "aten.is_strides_like_format.default", "aten.is_non_overlapping_and_dense.default",
-    "aten.size.default", "aten.sym_size.default", "aten.stride.default",
-    "aten.sym_stride.default", "aten.storage_offset.default", "aten.sym_storage_offset.default",
-    "aten.numel.default", "aten.sym_numel.default", "aten.dim.default",
-})  # fmt: skip
-
-
-def _is_preservable(op: OpOverload) -> bool:
-    """Functional (no mutation, no aliasing), not a metadata query, and safe to keep whole."""
-    if str(op) in _METADATA_OPS or _should_decompose_because_unsafe_op(op):
-        return False
-    schema = op._schema
-    if schema.is_mutable:
-        return False
-    return not any(a.alias_info is not None for a in (*schema.arguments, *schema.returns))
-
-
-def _cia_overloads(*, aten: bool) -> Iterator[OpOverload]:
-    """Overloads with a C++ CompositeImplicitAutograd kernel, in or outside ``aten``."""
-    names = torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")
-    for qualified in names:
-        namespace, _, rest = qualified.partition("::")
-        if (namespace == "aten") != aten:
-            continue
-        name, _, overload = rest.partition(".")
-        packet = getattr(getattr(torch.ops, namespace, None), name, None)
-        op = getattr(packet, overload or "default", None) if packet is not None else None
-        if isinstance(op, OpOverload):
-            yield op
-
-
-def _cia_decomposition(op: OpOverload) -> Callable[..., Any]:
-    return _python_cia_kernel(op) or op.decompose
-
-
-def _add_cia(table: dict[Any, Callable[..., Any]], ops: Iterable[OpOverload]) -> None:
-    for op in ops:
-        if op in table or str(op) in _PRESERVED_CIA_OPS or not _is_preservable(op):
-            continue
-        table[op] = _cia_decomposition(op)
-
-
-@functools.cache
-def _core_aten_table() -> tuple[tuple[Any, Callable[..., Any]], ...]:
-    # The post-autograd core ATen decompositions, plus every functional composite-implicit
-    # ATen op (C++ or Python registered) decomposed by its CompositeImplicitAutograd kernel.
-    from torch._decomp import _core_aten_decompositions_post_autograd, decomposition_table
-
-    table: dict[Any, Callable[..., Any]] = dict(_core_aten_decompositions_post_autograd())
-    table.update(_decompositions.OVERRIDES)  # ours where torch's breaks the kernel's contract
-    py_cia = [
-        op for op in decomposition_table
-        if isinstance(op, OpOverload) and op.namespace == "aten" and _python_cia_kernel(op)
-    ]  # fmt: skip
-    _add_cia(table, [*_cia_overloads(aten=True), *py_cia])
-    return tuple(table.items())
-
-
-def default_decompositions() -> dict[Any, Callable[..., Any]]:
+def default_decompositions() -> CustomDecompTable:
     """A fresh table decomposing ops to the core ATen op set (``torch.Tag.core``).
 
-    Holds the core ATen decompositions and, for every functional composite-implicit op
-    (custom namespaces included, as registered at the time of the call), its composite
-    kernel. Remove an op from the returned dict to keep it whole.
+    Holds the core ATen decompositions and, for every preservable composite-implicit op
+    (custom namespaces included, added when the table is first read), its composite kernel.
+    Delete an op from it (``del table[op]`` / ``table.pop(op)``) to keep that op whole.
     """
-    table = dict(_core_aten_table())
-    _add_cia(table, _cia_overloads(aten=False))  # custom ops may be defined at any time
-    return table
+    return CustomDecompTable()
 
 
 # ---------------------------------------------------------------------------- the program
@@ -433,17 +349,18 @@ class ExportedProgram:
 
     def run_decompositions(
         self,
-        decomp_table: dict[Any, Callable[..., Any]] | None = None,
+        decomp_table: Mapping[Any, Callable[..., Any]] | None = None,
         decompose_custom_triton_ops: bool = False,
     ) -> ExportedProgram:
         """A new program whose graph is re-traced through ``decomp_table``.
 
         ``None`` means ``default_decompositions()`` (the core ATen op set); ``{}`` keeps every
-        op (a plain re-trace).
+        op (a plain re-trace). As in torch.export, a composite-implicit op the table does not
+        name stays whole, and an op the table names is decomposed by the table's entry.
         """
-        from exportir.export.capture import retrace  # capture builds on this module
+        from exportir.export._retrace import retrace  # capture builds on this module
 
-        table = default_decompositions() if decomp_table is None else dict(decomp_table)
+        table = as_plain_table(decomp_table)
         flat_fake = [n.meta["val"] for n in self.graph.find_nodes(op="placeholder")]
         mutated = frozenset(
             spec.arg.name

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from exportir.export._node_meta import node_name
 from exportir.export._view_steps import ViewStep, invertible, scatter_back
 from exportir.export.fake import FakeConverter, run_fake
 from exportir.fx import Graph, Node
@@ -247,8 +248,9 @@ REWRITES: dict[Any, Callable[[Node], Rewrite | None]] = {
     aten.requires_grad_.default: _no_data_change,
 }
 
-# aliases that change nothing a graph can observe
-TRANSPARENT = {aten.alias.default, aten.detach.default, aten.lift_fresh.default}
+# aliases that change nothing a graph can observe and that torch.export drops (``alias`` and
+# ``detach`` stay: torch's functional graphs keep them as view nodes)
+TRANSPARENT = {aten.lift_fresh.default}
 
 def _needs_rewrite(node: Node) -> bool:
     return node.target in REWRITES or bool(_written_args(node.target))
@@ -384,8 +386,7 @@ class Functionalizer:
     # -- emitting nodes ----------------------------------------------------------------------
 
     def emit(self, target: Any, args: tuple, kwargs: dict, val: Any = _COMPUTE) -> Node:
-        name = getattr(target, "overloadpacket", target).__name__  # getitem, cond, map_impl...
-        node = self.new.create_node("call_function", target, args, kwargs, name=name)
+        node = self.new.create_node("call_function", target, args, kwargs, name=node_name(target))
         if self.origin is not None:
             for key in _META_KEYS:
                 if key in self.origin.meta:

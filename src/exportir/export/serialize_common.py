@@ -105,10 +105,11 @@ def as_bool(value: Any, where: str) -> bool:
 
 def as_int(value: Any, where: str, *, lo: int | None = None, hi: int | None = None) -> int:
     number = _expect(value, int, "an integer", where)
+    shown = f"an integer of {number.bit_length()} bits" if number.bit_length() > 64 else number
     if lo is not None and number < lo:
-        fail(where, f"{number} is below the minimum {lo}")
+        fail(where, f"{shown} is below the minimum {lo}")
     if hi is not None and number > hi:
-        fail(where, f"{number} is above the maximum {hi}")
+        fail(where, f"{shown} is above the maximum {hi}")
     return number
 
 

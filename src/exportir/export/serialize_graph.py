@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from torch._ops import HigherOrderOperator, OpOverload
+
 from exportir.export.serialize_common import (
     as_dict,
     as_list,
@@ -27,6 +29,7 @@ from exportir.export.serialize_common import (
 )
 from exportir.export.serialize_values import (
     Decoder,
+    check_operator_ints,
     encode_target,
     encode_value,
     qualified_name,
@@ -228,11 +231,14 @@ def _decode_node(graph: Graph, raw: Any, where: str, env: dict[str, Node],
     dec_target = _TARGET_DECODERS.get(op)
     if dec_target is None:
         fail(f"{where}/op", f"unknown op {op!r:.40}; expected one of {sorted(_TARGET_DECODERS)}")
-    target = dec_target(spec["target"], f"{where}/target", submodules)
+    target = dec_target(spec["target"], f"{where}/target (node {name})", submodules)
     values = Decoder(env)
     args = tuple(values.seq(spec["args"], f"{where}/args"))
     kwargs = {check_identifier(k, f"{where}/kwargs"): values.value(v, f"{where}/kwargs/{k}")
               for k, v in as_dict(spec["kwargs"], f"{where}/kwargs").items()}
+    if isinstance(target, (OpOverload, HigherOrderOperator)):
+        check_operator_ints(args, f"{where}/args")
+        check_operator_ints(kwargs, f"{where}/kwargs")
     node = graph.create_node(op, target, args, kwargs, name=name)
     if node.name != name:
         fail(f"{where}/name", f"{name!r} is not a name FX keeps (it became {node.name!r})")

@@ -8,6 +8,7 @@ inputs (a TreeSpec plus one entry per leaf).
 
 from __future__ import annotations
 
+import collections
 import enum
 import json
 import re
@@ -24,6 +25,7 @@ from exportir.export.serialize_common import (
     as_dict,
     as_list,
     as_str,
+    check_identifier,
     check_keys,
     fail,
     guarded,
@@ -214,9 +216,40 @@ def decode_treespec(raw: Any, where: str) -> pytree.TreeSpec:
     if isinstance(decoded, list) and len(decoded) == 2:
         _precheck_spec_node(decoded[1], where)
     try:
-        return pytree.treespec_loads(text)
+        spec = pytree.treespec_loads(text)
     except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as e:
         fail(where, f"bad TreeSpec: {e}")
+    _check_mapping_keys(spec, where)
+    return spec
+
+
+_MAPPING_TYPES = (dict, collections.OrderedDict, collections.defaultdict)
+_KEY_TYPES = (str, int, float, bool, type(None))
+
+
+def _check_mapping_keys(spec: pytree.TreeSpec, where: str) -> None:
+    """A dict node's keys are strings, numbers, bools or None (what JSON holds): a list key
+    would fail only when the spec is used (``unhashable type``)."""
+    stack = [spec]
+    while stack:
+        node = stack.pop()
+        if node.type in _MAPPING_TYPES:
+            keys = node.context
+            if node.type is collections.defaultdict:  # [default_factory, keys]
+                keys = keys[1] if isinstance(keys, (list, tuple)) and len(keys) == 2 else ()
+            for key in keys if isinstance(keys, (list, tuple)) else ():
+                if not isinstance(key, _KEY_TYPES):
+                    fail(where, f"bad TreeSpec: dict key {key!r:.60} is not a string, number, "
+                                "bool or null")
+        stack.extend(node.children_specs)
+
+
+def _check_keyword_names(spec: pytree.TreeSpec, where: str) -> None:
+    """The keyword-argument dict of a call signature's ``(args, kwargs)`` spec has identifier
+    keys (they become parameter names of the generated ``forward``)."""
+    if spec.type is tuple and spec.num_children == 2 and spec.child(1).type is dict:
+        for i, key in enumerate(spec.child(1).context or ()):
+            check_identifier(key, f"{where}/kwargs/{i}")
 
 
 # --------------------------------------------------------------------------- module call graph
@@ -248,10 +281,16 @@ def _dec_call_signature(raw: Any, where: str) -> ModuleCallSignature | None:
                 for i, a in enumerate(as_list(spec["inputs"], f"{where}/inputs"))],
         outputs=[_dec_arg(a, f"{where}/outputs/{i}")
                  for i, a in enumerate(as_list(spec["outputs"], f"{where}/outputs"))],
-        in_spec=decode_treespec(spec["in_spec"], f"{where}/in_spec"),
+        in_spec=_call_in_spec(spec["in_spec"], f"{where}/in_spec"),
         out_spec=decode_treespec(spec["out_spec"], f"{where}/out_spec"),
         forward_arg_names=names,
     )
+
+
+def _call_in_spec(raw: Any, where: str) -> pytree.TreeSpec:
+    spec = decode_treespec(raw, where)
+    _check_keyword_names(spec, where)
+    return spec
 
 
 def encode_module_call_graph(entries: list[ModuleCallEntry], where: str) -> list[Any]:
@@ -458,7 +497,12 @@ def decode_example_inputs(raw: Any, tensors: dict[str, torch.Tensor], where: str
               for i, leaf in enumerate(as_list(spec["leaves"], f"{where}/leaves"))]
     if len(leaves) != tree.num_leaves:
         fail(f"{where}/leaves", f"{len(leaves)} leaves, the spec has {tree.num_leaves}")
-    return guarded(where, lambda: pytree.tree_unflatten(leaves, tree), "cannot rebuild inputs")
+    value = guarded(where, lambda: pytree.tree_unflatten(leaves, tree), "cannot rebuild inputs")
+    if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], tuple)
+            and isinstance(value[1], dict)):
+        fail(f"{where}/spec", f"example inputs must be (args tuple, kwargs dict); the spec "
+                              f"gives a {type(value).__name__}")
+    return value
 
 
 def _dec_leaf(raw: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:

@@ -50,6 +50,7 @@ from exportir.fx.node import Node
 
 __all__ = [
     "Decoder",
+    "check_operator_ints",
     "encode_target",
     "encode_value",
     "lookup_loaded",
@@ -85,6 +86,7 @@ _PY_TARGETS: dict[str, Callable[..., Any]] = {
         "sym_sqrt", "sym_fresh_size") if hasattr(torch, n)},
 }
 _PY_TARGET_NAMES = {fn: name for name, fn in _PY_TARGETS.items()}
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _SAFE_ROOTS = ("torch", "operator", "math", "builtins")
 _OP_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}\Z")
 
@@ -121,9 +123,39 @@ def _op_part(text: str, where: str, full: str) -> str:
     return text
 
 
+# What a saved graph may call: what export produces. Operators of torch's namespaces that act
+# outside the program (collectives, profiling, test and debug hooks), ATen operators that read
+# files, print, or address memory without checking it, and higher-order operators export does
+# not emit are refused by name, whatever torch knows. Custom ops (torch.library) of other
+# namespaces load when their library is imported, as export needs them.
+REFUSED_OPERATORS = frozenset({
+    "aten::from_file", "aten::_print", "aten::_reshape_alias", "aten::_reshape_alias_copy",
+    "aten::_nested_view_from_buffer", "aten::_nested_view_from_buffer_copy", "aten::set_",
+    "aten::set", "aten::set_data", "aten::_cufft_set_plan_cache_max_size", "aten::record_stream",
+})
+REFUSED_NAMESPACES = frozenset({
+    "c10d", "_c10d_functional", "_c10d_functional_autograd", "symm_mem", "_dtensor", "profiler",
+    "static_runtime", "_test", "debugprims", "debug_mode_ops", "inductor", "inductor_prims",
+    "rngprims", "_native",
+})
+HIGHER_ORDER_OPERATORS = frozenset({"cond", "map_impl", "while_loop"})
+
+
+def _check_allowed(namespace: str, op_name: str, where: str, full: str) -> None:
+    name = f"{namespace}::{op_name}"
+    if name in REFUSED_OPERATORS or namespace in REFUSED_NAMESPACES:
+        fail(where, f"operator {full!r:.120} is not one an exported program may call (it acts "
+                    "outside the program: files, printing, unchecked memory, collectives or "
+                    "profiling); refusing to load")
+    if namespace == "higher_order" and op_name not in HIGHER_ORDER_OPERATORS:
+        fail(where, f"higher-order operator {full!r:.120} is not one export emits "
+                    f"({sorted(HIGHER_ORDER_OPERATORS)})")
+
+
 def _resolve_op(full: str, where: str) -> Any:
     namespace, _, rest = full.partition("::")
     _op_part(namespace, where, full)
+    _check_allowed(namespace, rest.partition(".")[0], where, full)
     ns_obj = getattr(torch.ops, namespace, None)
     if not isinstance(ns_obj, (_OpNamespace, _HigherOrderNamespace)):
         fail(where, f"unknown operator namespace {namespace!r} in {full!r:.120}")
@@ -216,6 +248,20 @@ def lookup_loaded(module: str, qualname: str) -> Any:
         if obj is _MISSING:
             return None
     return obj
+
+
+def check_operator_ints(value: Any, where: str) -> None:
+    """An operator takes integers of 64 bits: a bigger one in its arguments (``10**400``)
+    would fail only when the graph runs (OverflowError)."""
+    if type(value) is int and not _INT64_MIN <= value <= _INT64_MAX:
+        fail(where, f"an integer of {value.bit_length()} bits does not fit in the 64 bits an "
+                    "operator argument holds")
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            check_operator_ints(item, f"{where}/{i}")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_operator_ints(item, f"{where}/{key}")
 
 
 def _resolve_op_or_packet(text: str) -> Any:
@@ -347,7 +393,10 @@ def _dec_float(payload: Any, where: str) -> float:
         return special
     if isinstance(payload, bool) or not isinstance(payload, (int, float)):
         fail(where, "expected a number")
-    return float(payload)
+    try:
+        return float(payload)
+    except OverflowError:
+        fail(where, f"number of {payload.bit_length()} bits does not fit in a double")
 
 
 def _from_table(table: dict[str, Any], kind: str) -> Callable[[Any, str], Any]:

@@ -122,7 +122,7 @@ def _one_node_graph(node: Node, inputs: list[Node]) -> GraphModule:
 def _decomposed(
     node: Node, inputs: list[Node], table: dict[Any, Callable[..., Any]], edge: bool
 ) -> GraphModule:
-    from exportir.export.capture import retrace  # capture builds on export, not on passes
+    from exportir.export._retrace import retrace  # capture builds on export, not on passes
 
     one = _one_node_graph(node, inputs)
     fakes = [inp.meta.get("val") for inp in inputs]

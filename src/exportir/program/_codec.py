@@ -132,16 +132,31 @@ def _bad(path: str, why: str) -> ProgramLoadError:
     return ProgramLoadError(why, path)
 
 
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+"""Every integer of the format is a signed 64-bit integer (what a kernel or a size can take)."""
+
+
 def _int(x: Any, path: str) -> int:
     if type(x) is not int:
         raise _bad(path, f"expected an integer, got {type(x).__name__}")
+    if not INT64_MIN <= x <= INT64_MAX:
+        raise _bad(path, f"integer {_short(x)} does not fit in 64 bits")
     return x
 
 
 def _nat(x: Any, path: str) -> int:
     if type(x) is not int or x < 0:
-        raise _bad(path, f"expected a non-negative integer, got {x!r:.40}")
+        raise _bad(path, f"expected a non-negative integer, got {_short(x)}")
+    if x > INT64_MAX:
+        raise _bad(path, f"integer {_short(x)} does not fit in 64 bits")
     return x
+
+
+def _short(x: Any) -> str:
+    """``x`` for a message: huge integers by their size, never their 400 digits."""
+    if type(x) is int and x.bit_length() > 64:
+        return f"of {x.bit_length()} bits"
+    return f"{x!r:.40}"
 
 
 def _str(x: Any, path: str) -> str:
@@ -159,7 +174,10 @@ def _bool(x: Any, path: str) -> bool:
 def _float(x: Any, path: str) -> float:
     if type(x) not in (int, float):
         raise _bad(path, f"expected a number, got {type(x).__name__}")
-    return float(x)
+    try:
+        return float(x)
+    except OverflowError:
+        raise _bad(path, f"number {_short(x)} does not fit in a double") from None
 
 
 def _list(x: Any, path: str, n: int | None = None) -> list[Any]:
@@ -170,11 +188,21 @@ def _list(x: Any, path: str, n: int | None = None) -> list[Any]:
     return x
 
 
+def _all_ints(x: Any, low: int) -> bool:
+    """Whether ``x`` is a list of integers in ``[low, INT64_MAX]`` (the common case, checked
+    without making a path string per item)."""
+    return type(x) is list and all(type(v) is int and low <= v <= INT64_MAX for v in x)
+
+
 def _ints(x: Any, path: str) -> tuple[int, ...]:
+    if _all_ints(x, INT64_MIN):
+        return tuple(x)
     return tuple(_int(v, f"{path}[{i}]") for i, v in enumerate(_list(x, path)))
 
 
 def _nats(x: Any, path: str) -> tuple[int, ...]:
+    if _all_ints(x, 0):
+        return tuple(x)
     return tuple(_nat(v, f"{path}[{i}]") for i, v in enumerate(_list(x, path)))
 
 
@@ -194,29 +222,37 @@ def _tagged(x: Any, path: str) -> tuple[str, list[Any]]:
     return items[0], items
 
 
+_INPUT, _DYNAMIC = schema.InputStorage(), schema.DynamicStorage()
+
+
 def _decode_storage(x: Any, path: str) -> schema.Storage:
+    if type(x) is list and len(x) == 4 and x[0] == "A" and _all_ints(x[1:], 0):
+        return schema.Allocation(x[1], x[2], x[3])  # the common case, checked at once
     tag, a = _tagged(x, path)
     if tag == "C" and len(a) == 2:
         return schema.ConstantData(_nat(a[1], f"{path}[1]"))
     if tag == "A" and len(a) == 4:
         return schema.Allocation(*(_nat(a[i], f"{path}[{i}]") for i in (1, 2, 3)))
     if tag == "I" and len(a) == 1:
-        return schema.InputStorage()
+        return _INPUT
     if tag == "D" and len(a) == 1:
-        return schema.DynamicStorage()
+        return _DYNAMIC
     if tag == "V" and len(a) == 4:
         return schema.ViewOf(_nat(a[1], f"{path}.base"), _nat(a[2], f"{path}.offset"),
                              _nats(a[3], f"{path}.strides"))
     raise _bad(path, f"unknown storage {tag!r} with {len(a)} entries")
 
 
+_DTYPES: dict[int, schema.ScalarType] = {int(t): t for t in schema.ScalarType}
+
+
 def _decode_tensor(a: list[Any], path: str) -> schema.Tensor:
     _list(a, path, 7)
-    code = _int(a[1], f"{path}.dtype")
-    try:
-        dtype = schema.ScalarType(code)
-    except ValueError:
-        raise _bad(f"{path}.dtype", f"unknown dtype code {code}") from None
+    code = a[1]
+    dtype = _DTYPES.get(code) if type(code) is int else None
+    if dtype is None:
+        _int(code, f"{path}.dtype")
+        raise _bad(f"{path}.dtype", f"unknown dtype code {code}")
     initial = None if a[6] is None else _nat(a[6], f"{path}.initial")
     return schema.Tensor(
         dtype, _ints(a[2], f"{path}.sizes"), _ints(a[3], f"{path}.dim_order"),
@@ -237,6 +273,29 @@ _LISTS = {
     "dl": (schema.DoubleList, _float),
     "bl": (schema.BoolList, _bool),
 }
+
+
+def _fast_tensor(x: Any) -> schema.Tensor | None:
+    """A well-formed ``["T", ...]`` with planned, input, runtime or constant storage decoded
+    without making a path string per field; ``None`` for anything else (then
+    :func:`decode_value` decodes it field by field and names what is wrong)."""
+    if type(x) is not list or len(x) != 7 or x[0] != "T":
+        return None
+    _, code, sizes, order, storage, dynamic, initial = x
+    dtype = _DTYPES.get(code) if type(code) is int else None
+    if dtype is None or type(dynamic) is not bool or not (
+        _all_ints(sizes, INT64_MIN) and _all_ints(order, INT64_MIN)
+    ):
+        return None
+    if initial is not None and not (type(initial) is int and 0 <= initial <= INT64_MAX):
+        return None
+    if type(storage) is not list or not storage or storage[0] == "V":
+        return None
+    try:
+        decoded = _decode_storage(storage, "")
+    except ProgramLoadError:
+        return None
+    return schema.Tensor(dtype, tuple(sizes), tuple(order), decoded, dynamic, initial)
 
 
 def decode_value(x: Any, path: str) -> schema.EValue:
@@ -319,7 +378,7 @@ def decode_method(x: Any, path: str) -> schema.Method:
     return schema.Method(
         **_decode_input_sizes(d, path),
         name=_str(d["name"], f"{path}.name"),
-        values=tuple(decode_value(v, f"{path}.values[{i}]")
+        values=tuple(_fast_tensor(v) or decode_value(v, f"{path}.values[{i}]")
                      for i, v in enumerate(_list(d["values"], f"{path}.values"))),
         inputs=_nats(d["inputs"], f"{path}.inputs"),
         outputs=_nats(d["outputs"], f"{path}.outputs"),

@@ -386,3 +386,75 @@ def classify(node: Node, gm: Any) -> str:
         return "kernel"
     reason = fallback_reason(op)
     return "fallback" if reason is None else f"!{reason}"
+
+
+# ------------------------------------------------------------------------------ the kernel table
+
+# Out variants the emitter names although no edge op runs as them: op -> why.
+EMITTER_OUT_VARIANTS: dict[str, str] = {
+    "aten::scalar_tensor.out": "a run-time scalar used as a Tensor operand (scalar_as_tensor)",
+    "aten::index_copy.out": "a map loop writes iteration i's result into row i of the stacked "
+                            "output (program._emit_loops)",
+}
+
+# Out variants of edge ops that program files may not name: op -> why. The runtime's kernel
+# table leaves them out, so a file naming one fails to load.
+_NESTED = (
+    "makes a nested tensor over offsets and sizes read from tensors, which the runtime cannot "
+    "check at load (the program format has strided tensors only)"
+)
+_SPARSE = "reads a sparse tensor's parts; the program format has strided tensors only"
+NOT_IN_KERNEL_TABLE: dict[str, str] = {
+    "aten::_reshape_alias_copy.out": (
+        "views its input with any sizes and strides without checking they stay inside it "
+        "(export writes view / view_copy instead)"
+    ),
+    "aten::_nested_view_from_buffer_copy.out": _NESTED,
+    "aten::_nested_view_from_jagged_copy.out": _NESTED,
+    "aten::_nested_get_values_copy.out": _NESTED,
+    **{f"aten::{name}.out": _SPARSE for name in (
+        "_indices_copy", "_values_copy", "indices_copy", "values_copy", "crow_indices_copy",
+        "col_indices_copy", "ccol_indices_copy", "row_indices_copy", "_sparse_broadcast_to_copy",
+    )},
+    "aten::_test_autograd_multiple_dispatch_view_copy.out": "a test operator of torch's",
+}
+
+
+def edge_operators() -> list[torch._ops.OpOverload]:
+    """Every ATen overload an Edge program may call under the default config: core ATen, the
+    ``*_copy`` view ops and :data:`DEFAULT_CORE_ATEN_OPS_EXCEPTIONS` (sorted by name)."""
+    from exportir.dialects.edge.config import DEFAULT_CORE_ATEN_OPS_EXCEPTIONS
+
+    found = set(DEFAULT_CORE_ATEN_OPS_EXCEPTIONS)
+    # every registered name (dir(torch.ops.aten) lists only the packets used so far)
+    names = {n.partition(".")[0] for n in torch._C._dispatch_get_all_op_names()}
+    for name in sorted(n.removeprefix("aten::") for n in names if n.startswith("aten::")):
+        try:
+            packet = getattr(torch.ops.aten, name)
+        except (AttributeError, RuntimeError):
+            continue
+        if not isinstance(packet, torch._ops.OpOverloadPacket):
+            continue
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            if torch.Tag.core in op.tags or torch.Tag.view_copy in op.tags:
+                found.add(op)
+    return sorted(found, key=qualified_name)
+
+
+def kernel_table() -> dict[str, str]:
+    """The operators a program file may name and their schemas (``aten::add.out`` ->
+    ``str(schema)``): the out variants the emitter runs edge ops as, plus
+    :data:`EMITTER_OUT_VARIANTS`, minus :data:`NOT_IN_KERNEL_TABLE`. The runtime's committed
+    copy (``exportir.runtime.kernel_table``) is generated from this by
+    ``scripts/gen_kernel_table.py``; a test keeps the two equal."""
+    outs = {qualified_name(c.out): c.out for c in map(out_variant, edge_operators()) if c}
+    for name in EMITTER_OUT_VARIANTS:
+        base, _, overload = name.partition(".")
+        ns, _, op = base.partition("::")
+        outs[name] = getattr(getattr(getattr(torch.ops, ns), op), overload)
+    return {
+        name: str(op._schema)
+        for name, op in sorted(outs.items())
+        if name not in NOT_IN_KERNEL_TABLE
+    }

@@ -17,6 +17,7 @@ Kernels come from a :class:`KernelRegistry` (ATen out variants by default) and d
 from exportir.program.validate import ProgramLoadError
 from exportir.runtime.delegates import BackendRuntime, DelegateRegistry, default_delegate_registry
 from exportir.runtime.errors import (
+    DelegateInitError,
     FailureSite,
     MethodInputError,
     MissingBackendError,
@@ -30,6 +31,7 @@ from exportir.runtime.program import Program, load
 
 __all__ = [
     "BackendRuntime",
+    "DelegateInitError",
     "DelegateRegistry",
     "FailureSite",
     "Kernel",

@@ -5,12 +5,15 @@ that names where it happened in terms the user knows: the instruction index, the
 delegate), the graph node the instruction was emitted from and the user's source line recorded in
 the method's debug table. Problems with the caller's inputs are :class:`MethodInputError`.
 Problems with the file itself are ``exportir.program.validate.ProgramLoadError`` (raised by
-``Program.load`` before anything runs).
+``Program.load`` before anything runs); :class:`MissingKernelError` and
+:class:`MissingBackendError` are both: load errors that also name the instruction.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from exportir.program.validate import ProgramLoadError
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +75,31 @@ class RuntimeFailure(RuntimeError):
         return self.site.source
 
 
-class MissingKernelError(RuntimeFailure):
-    """An instruction calls an operator no kernel in the registry implements."""
+class _LoadFailure(RuntimeFailure, ProgramLoadError):
+    """A :class:`RuntimeFailure` found while loading: also a ``ProgramLoadError`` (``field``
+    names the structure path)."""
+
+    def __init__(self, site: FailureSite, reason: str, hint: str = "", field: str | None = None
+                 ) -> None:
+        RuntimeFailure.__init__(self, site, reason, hint)
+        self.field = field
+        self.offset = None
+        if field:
+            self.args = (f"{self.args[0]}\n  field: {field}",)
 
 
-class MissingBackendError(RuntimeFailure):
+class MissingKernelError(_LoadFailure):
+    """The program names an operator no kernel in the registry implements (raised by
+    ``Program.load``: the operator is outside the kernel table and not registered)."""
+
+
+class MissingBackendError(_LoadFailure):
     """A delegate names a backend id the delegate registry does not know."""
+
+
+class DelegateInitError(_LoadFailure):
+    """A backend refused a delegate's blob at load (its validation found it malformed) or
+    failed to initialise it; the backend's own error is chained as ``__cause__``."""
 
 
 class MethodInputError(ValueError):

@@ -18,21 +18,26 @@ instruction's trailing out tensors: the custom op's library must be imported (re
 ``torch.library``) in the process that runs the program.
 
 ``KernelRegistry`` is an explicit object; the runtime's default registry is made by
-:func:`default_kernel_registry` and resolves any operator torch knows, lazily, on first use.
+:func:`default_kernel_registry` and resolves the operators of the kernel table
+(:mod:`exportir.runtime.kernel_table`: what the compiler emits), lazily, on first use. Any other
+operator runs only when the caller registers it on purpose (:meth:`KernelRegistry.register_op`).
 """
 
 from __future__ import annotations
 
 import functools
 import operator
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from exportir.program import schema
+from exportir.runtime import operands
 from exportir.runtime.bindings import Call, fast_call, functional_call, split_arguments
 from exportir.runtime.bindings import bind as bind_call
+from exportir.runtime.kernel_table import KERNEL_TABLE, TORCH_VERSION
 
 KernelFn = Callable[[Sequence[object]], object]
 # binder(args, changing, unread, functional) -> Kernel.bind's callable, or None for the default
@@ -96,6 +101,10 @@ class Kernel:
     ``torch.dtype``, ...); the runtime applies them once to arguments that never change.
     ``empties`` are out positions the kernel may leave with no elements (see
     :data:`EMPTIED_OUTS`); the runtime resizes them to zero elements before each call.
+    ``params`` say what each argument may be (checked when a program is loaded;
+    :mod:`exportir.runtime.operands`), ``None`` for a kernel without a schema (a registered
+    function: only its arity and writes are checked); ``result_kinds``, the value kinds its
+    result slot may have.
     """
 
     name: str
@@ -106,6 +115,8 @@ class Kernel:
     converters: tuple[tuple[int, Converter], ...] = ()
     empties: tuple[int, ...] = ()
     binder: Binder | None = None
+    params: tuple[operands.Param, ...] | None = None
+    result_kinds: frozenset[type] = operands.ANY_RESULT
 
     def bind(
         self, args: Sequence[object], changing: Sequence[int] = (), unread: Sequence[int] = ()
@@ -173,14 +184,22 @@ def canonical_op_name(name: str, overload: str | None = None) -> str:
     return f"{ns}::{op}.{overload or 'default'}"
 
 
+_NAME_PART = re.compile(r"(?!__)[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
 def _lookup_torch_op(name: str) -> torch._ops.OpOverload | None:
+    """``torch.ops.<ns>.<op>.<overload>`` for a canonical name, or ``None``; names that are
+    not plain identifiers (``__class__``) are never looked up."""
     ns, rest = name.split("::", 1)
     op, overload = rest.split(".", 1)
+    if not all(_NAME_PART.match(part) for part in (ns, op, overload)):
+        return None
     try:
         packet = getattr(getattr(torch.ops, ns), op)
-        return getattr(packet, overload)
+        found = getattr(packet, overload)
     except (AttributeError, RuntimeError):
         return None
+    return found if isinstance(found, torch._ops.OpOverload) else None
 
 
 # Out arguments that ATen's CPU kernels leave empty although the meta kernels (and so memory
@@ -285,7 +304,37 @@ def kernel_from_op(name: str, op: torch._ops.OpOverload) -> Kernel:
     )
     emptied = EMPTIED_OUTS.get(name, ())
     empties = tuple(i for i, a in enumerate(arguments) if a.name in emptied)
-    return Kernel(name, fn, len(arguments), writes, not writes, converters, empties, binder)
+    return Kernel(
+        name, fn, len(arguments), writes, not writes, converters, empties, binder,
+        _params(arguments), _result_kinds(op._schema.returns),
+    )
+
+
+# A value kernel's single return type -> the value kinds its result slot may have.
+_RESULT_KINDS: Mapping[str, frozenset[type]] = {
+    "Tensor": frozenset({schema.Tensor}),
+    "int": frozenset({schema.Int}),
+    "SymInt": frozenset({schema.Int}),
+    "float": frozenset({schema.Double}),
+    "bool": frozenset({schema.Bool}),
+}
+
+
+def _result_kinds(returns: Sequence[object]) -> frozenset[type]:
+    """What a value kernel's result may be stored in: nothing unless it returns one value of a
+    kind a program value holds (a tuple or no result has no slot)."""
+    if len(returns) != 1:
+        return frozenset()
+    return _RESULT_KINDS.get(str(returns[0].type), frozenset())
+
+
+def _params(arguments: Sequence[object], extra: Sequence[operands.Param] = ()) -> (
+    tuple[operands.Param, ...] | None
+):
+    try:
+        return (*operands.params_of(arguments), *extra)
+    except operands.UnsupportedSchema:  # typed by the kernel itself when it runs
+        return None
 
 
 def fallback_kernel_from_op(name: str, op: torch._ops.OpOverload) -> Kernel:
@@ -319,11 +368,17 @@ def fallback_kernel_from_op(name: str, op: torch._ops.OpOverload) -> Kernel:
         (i, fn) for i, fn in ((i, _converter(a)) for i, a in enumerate(arguments)) if fn
     )
     writes = tuple(range(arity, arity + num_outs))
-    return Kernel(name, fn, arity + num_outs, writes, False, converters)
+    outs = [operands.out_tensor(f"result{i}") for i in range(num_outs)]
+    return Kernel(
+        name, fn, arity + num_outs, writes, False, converters, params=_params(arguments, outs)
+    )
 
 
 def _value_kernel(name: str, arity: int, fn: Callable[..., object]) -> Kernel:
-    return Kernel(name, lambda args: fn(*args), arity, (), result_slot=True)
+    return Kernel(
+        name, lambda args: fn(*args), arity, (), result_slot=True,
+        params=operands.prim_params(name, arity), result_kinds=operands.prim_result(name),
+    )
 
 
 # The runtime primitives of the format (schema.PRIM_OPERATORS): symbolic-int arithmetic a
@@ -349,39 +404,86 @@ _SCALAR_KERNELS: Mapping[str, tuple[int, Callable[..., object]]] = {
 }
 
 
-def missing_custom_op(name: str) -> tuple[str, str]:
-    """(reason, hint) for a functional fallback whose custom op torch does not know."""
-    op = name.removesuffix(schema.FUNCTIONAL_FALLBACK)
-    namespace = op.split("::", 1)[0]
-    reason = (
-        f"the program calls the custom operator {op} (functional fallback), which is not "
-        f"registered in this process: torch.ops.{namespace} has no {op.split('::', 1)[1]}"
+def missing_kernel(name: str, registry: KernelRegistry) -> tuple[str, str]:
+    """(reason, hint) for operator ``name`` (canonical) that ``registry`` has no kernel for."""
+    base = name.removesuffix(schema.FUNCTIONAL_FALLBACK)
+    namespace, _, rest = base.partition("::")
+    register = (
+        "kernels = default_kernel_registry(); kernels.register_op(torch.ops."
+        f"{namespace}.{rest.partition('.')[0]}); Program.load(..., kernels=kernels)"
     )
-    hint = (
-        f"import the Python library that defines the torch.library namespace {namespace!r} "
-        f"(its torch.library.custom_op('{op.rsplit('.', 1)[0]}') definition) before "
-        f"Program.load, or register a kernel named {name!r} in a KernelRegistry"
-    )
+    if base != name:
+        known = _lookup_torch_op(base) is not None
+        reason = (
+            f"the program calls the custom operator {base} (functional fallback), which was "
+            "not registered with this runtime"
+            + ("" if known else f" (and torch.ops.{namespace} has no {rest}: its library is "
+                                "not imported)")
+        )
+        hint = (
+            f"import the Python library that defines the torch.library namespace {namespace!r} "
+            f"(its torch.library.custom_op('{base.rsplit('.', 1)[0]}') definition), then "
+            f"register the op on purpose: {register}"
+        )
+        return reason, hint
+    recorded = KERNEL_TABLE.get(base)
+    if recorded is None:
+        reason = (
+            f"operator {base} is not in the runtime's kernel table (the operators exportir's "
+            "compiler emits); the file was not made by exportir, or calls an op outside the "
+            "Edge dialect"
+        )
+        hint = (
+            "if you trust the file and the operator, register it on purpose: "
+            f"{register} (or KernelRegistry.register)"
+        )
+    elif registry.resolves_torch_ops:
+        op = _lookup_torch_op(base)
+        have = "no such operator" if op is None else str(op._schema)
+        reason = (
+            f"torch's {base} is not the one the kernel table records ({recorded}; this "
+            f"torch has: {have})"
+        )
+        hint = f"run the program with torch {TORCH_VERSION}, for which the runtime was built"
+    else:
+        reason = f"no kernel is registered for {base}"
+        hint = (
+            "register one (KernelRegistry.register / register_function / register_op) and pass "
+            "the registry to Program.load(..., kernels=...), or decompose the op before "
+            "to_program()"
+        )
     return reason, hint
+
+
+OpLike = torch._ops.OpOverload | torch._ops.OpOverloadPacket
 
 
 class KernelRegistry:
     """Operator name -> :class:`Kernel`.
 
-    Explicitly registered kernels win. With ``resolve_torch_ops`` (the default) a name not
-    registered is looked up in ``torch.ops`` on first use and cached, so every ATen out variant
-    (and every custom op registered with ``torch.library``) is available without a table.
+    What a program may call is explicit: the kernels registered here (:meth:`register`,
+    :meth:`register_function`), torch operators registered on purpose (:meth:`register_op`:
+    custom ops, or ATen ops outside the table), and -- with ``resolve_torch_ops``, the default
+    -- the operators of the runtime's kernel table (:data:`KERNEL_TABLE`, what the compiler
+    emits), each resolved to torch's kernel on first use when torch's schema is the table's.
+    Nothing else resolves, whatever torch knows.
     """
 
-    __slots__ = ("_kernels", "_resolve_torch_ops")
+    __slots__ = ("_kernels", "_ops", "_resolve_torch_ops")
 
     def __init__(
         self, kernels: Iterable[Kernel] = (), *, resolve_torch_ops: bool = True
     ) -> None:
         self._kernels: dict[str, Kernel] = {}
+        self._ops: dict[str, torch._ops.OpOverload] = {}
         self._resolve_torch_ops = resolve_torch_ops
         for kernel in kernels:
             self.register(kernel)
+
+    @property
+    def resolves_torch_ops(self) -> bool:
+        """Whether the kernel table's operators resolve to torch's kernels."""
+        return self._resolve_torch_ops
 
     def register(self, kernel: Kernel) -> None:
         """Add (or replace) the kernel for ``kernel.name``."""
@@ -405,6 +507,25 @@ class KernelRegistry:
         self.register(kernel)
         return kernel
 
+    def register_op(self, *ops: OpLike) -> None:
+        """Let programs call these torch operators, on purpose: custom ops
+        (``torch.library``) and ATen ops outside the kernel table. A packet
+        (``torch.ops.mylib.op``) registers each of its overloads; a custom op without an out
+        variant runs as its functional fallback (``mylib::op.default@functional``)."""
+        for op in ops:
+            if isinstance(op, torch._ops.OpOverloadPacket):
+                overloads = [getattr(op, name) for name in op.overloads()]
+            elif isinstance(op, torch._ops.OpOverload):
+                overloads = [op]
+            else:
+                raise TypeError(
+                    f"register_op takes torch operators (torch.ops.ns.op or "
+                    f"torch.ops.ns.op.overload); got {type(op).__name__}"
+                )
+            for overload in overloads:
+                s = overload._schema
+                self._ops[canonical_op_name(s.name, s.overload_name)] = overload
+
     def lookup(self, name: str) -> Kernel | None:
         """The kernel for ``name``, or ``None`` when there is none."""
         try:
@@ -412,10 +533,15 @@ class KernelRegistry:
         except ValueError:
             return None
         kernel = self._kernels.get(canonical)
-        if kernel is not None or not self._resolve_torch_ops:
+        if kernel is not None:
             return kernel
-        fallback = canonical.endswith(schema.FUNCTIONAL_FALLBACK)
-        op = _lookup_torch_op(canonical.removesuffix(schema.FUNCTIONAL_FALLBACK))
+        base = canonical.removesuffix(schema.FUNCTIONAL_FALLBACK)
+        fallback = base != canonical
+        op = self._ops.get(base)
+        if op is None and not fallback and self._resolve_torch_ops and base in KERNEL_TABLE:
+            op = _lookup_torch_op(base)
+            if op is not None and str(op._schema) != KERNEL_TABLE[base]:
+                op = None
         if op is None:
             return None
         shared = _RESOLVED.get(canonical)
@@ -434,7 +560,8 @@ class KernelRegistry:
 
 
 def default_kernel_registry() -> KernelRegistry:
-    """A fresh registry: torch's operators (resolved lazily) plus the scalar prim kernels."""
+    """A fresh registry: the kernel table's operators (resolved lazily) plus the runtime
+    primitives."""
     registry = KernelRegistry()
     for name, (arity, fn) in _SCALAR_KERNELS.items():
         registry.register(_value_kernel(name, arity, fn))

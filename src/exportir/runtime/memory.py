@@ -146,18 +146,35 @@ def runtime_tensor(t: schema.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=torch_dtype(t.dtype))
 
 
+MIN_REGION_BYTES = 1 << 20
+
+
+def _reserve_at_most(nbytes: int) -> tuple[mmap.mmap | bytearray, int]:
+    """A reservation of ``nbytes``, or of the largest half, quarter, ... of it (at least
+    :data:`MIN_REGION_BYTES`) the process may map (an address-space limit, ``ulimit -v``);
+    raises ``MemoryError`` below that."""
+    size = nbytes
+    while True:
+        try:
+            return reserve(size), size
+        except (OSError, MemoryError, OverflowError) as e:
+            if size <= MIN_REGION_BYTES:
+                raise MemoryError(f"cannot reserve {size} bytes of address space: {e}") from e
+            size = max(size // 2, MIN_REGION_BYTES)
+
+
 class Region:
     """The memory of one runtime-allocated tensor (``DynamicStorage``): ``capacity`` bytes
-    reserved once and committed as they are written, behind a storage that cannot grow. A
+    reserved once (less when the process may not map that much: ``capacity`` is what it got)
+    and committed as they are written, behind a storage that cannot grow. A
     kernel asked to make the tensor larger fails ("not resizable") before allocating anything,
     so no call can allocate more than the cap for it, whatever sizes the file asks for."""
 
     __slots__ = ("_buffer", "_storage", "capacity", "tensor")
 
     def __init__(self, t: schema.Tensor, capacity: int) -> None:
-        self.capacity = capacity
-        self._buffer = reserve(capacity)
-        flat = torch.frombuffer(self._buffer, dtype=torch.uint8, count=max(capacity, 1))
+        self._buffer, self.capacity = _reserve_at_most(capacity)
+        flat = torch.frombuffer(self._buffer, dtype=torch.uint8, count=max(self.capacity, 1))
         self._storage = flat.untyped_storage()
         self.tensor = torch.empty(0, dtype=torch_dtype(t.dtype))
         self.attach()

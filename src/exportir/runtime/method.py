@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from exportir.program import schema, work
+from exportir.program.validate import ResourceLimitError
 from exportir.runtime import memory, treespec
 from exportir.runtime._steps import (
     _copy_call,
@@ -58,7 +59,7 @@ from exportir.runtime.errors import (
     limit_hint,
 )
 from exportir.runtime.inputs import InputSizes, _check_tensor_input, _TensorInput
-from exportir.runtime.kernels import Kernel, canonical_op_name, missing_custom_op
+from exportir.runtime.kernels import Kernel, canonical_op_name, missing_kernel
 
 if TYPE_CHECKING:
     from exportir.runtime.program import Program
@@ -286,7 +287,13 @@ class MethodState:
             case schema.InputStorage() | schema.ViewOf():
                 return None  # bound per call; views: built once their base is
             case schema.DynamicStorage():  # capped: see memory.Region
-                region = self._regions[index] = memory.Region(t, self._dynamic_cap)
+                try:
+                    region = self._regions[index] = memory.Region(t, self._dynamic_cap)
+                except MemoryError as e:
+                    raise ResourceLimitError(
+                        f"no memory for runtime-allocated value {index}: {e}",
+                        f"methods[{self.meta.name!r}].values[{index}]", "max_dynamic_bytes",
+                    ) from None
                 return region.tensor
         raise self._failure(None, f"value {index} has unknown storage {t.storage!r}")
 
@@ -356,16 +363,9 @@ class MethodState:
     def _compile_kernel(self, pc: int, op: schema.Operator, args: tuple[int, ...]) -> Step:
         name = canonical_op_name(op.name, op.overload)
         kernel = self._program.kernels.lookup(name)
-        if kernel is None:
-            if op.is_functional_fallback:
-                raise MissingKernelError(self._site(pc), *missing_custom_op(name))
-            raise MissingKernelError(
-                self._site(pc),
-                f"no kernel is registered for {name}",
-                "register one (KernelRegistry.register / register_function) and pass the "
-                "registry to Program.load(..., kernels=...), or decompose the op before "
-                "to_program()",
-            )
+        if kernel is None:  # Program.load checked every operator; kept for direct callers
+            registry = self._program.kernels
+            raise MissingKernelError(self._site(pc), *missing_kernel(name, registry))
         if len(args) != kernel.num_value_args:
             result = " and a result slot" if kernel.result_slot else ""
             raise self._failure(
@@ -569,7 +569,7 @@ class MethodState:
                 outs.append(_Out(i, None, t.sizes, t.dynamic, None))
                 continue
             runtime = isinstance(t.storage, schema.DynamicStorage)
-            capacity = self._dynamic_cap if runtime else t.storage.nbytes
+            capacity = self._regions[i].capacity if runtime else t.storage.nbytes
             dynamic = t.dynamic or runtime
             outs.append(_Out(i, self._template[i], t.sizes, dynamic, capacity, runtime))
         return tuple(outs)

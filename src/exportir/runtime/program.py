@@ -2,7 +2,9 @@
 
 Loading reads and **fully validates** the file (``exportir.program.serialize`` /
 ``exportir.program.validate``: header, checksums, every index, value kind, tensor size, storage
-range and the memory plan) before anything runs; a malformed file raises
+range and the memory plan) and **types** every method against the kernels it calls
+(:mod:`exportir.runtime.typecheck`: operators in the kernel table, operand kinds, no write to a
+constant or a view, define before use) before anything runs; a malformed file raises
 ``ProgramLoadError`` naming the field or byte offset. Files are memory-mapped read-only: constant
 tensors are ``torch.frombuffer`` views of the mapped data segment (zero-copy weights), shared by
 all methods. Then every delegate the program carries is initialised once through the delegate
@@ -29,7 +31,7 @@ from exportir.program.validate import (
     ProgramLoadError,
     validate_program,
 )
-from exportir.runtime import memory
+from exportir.runtime import memory, typecheck
 from exportir.runtime.delegates import (
     BackendRuntime,
     DelegateRegistry,
@@ -37,18 +39,13 @@ from exportir.runtime.delegates import (
     registration_hint,
 )
 from exportir.runtime.errors import (
+    DelegateInitError,
     FailureSite,
     MissingBackendError,
-    MissingKernelError,
     RuntimeFailure,
     UnknownMethodError,
 )
-from exportir.runtime.kernels import (
-    KernelRegistry,
-    canonical_op_name,
-    default_kernel_registry,
-    missing_custom_op,
-)
+from exportir.runtime.kernels import KernelRegistry, default_kernel_registry
 from exportir.runtime.method import Method
 
 __all__ = ["Program", "ProgramLoadError"]
@@ -94,7 +91,7 @@ class Program:
         self._methods: dict[str, Method] = {}
         self._methods_lock = threading.Lock()
         self._locks: list[threading.Lock | contextlib.nullcontext[None]] = []
-        self._check_custom_ops()
+        typecheck.check_program(program, self.kernels, limits)
         self._init_delegates()
 
     # -- construction ----------------------------------------------------------------------------
@@ -195,25 +192,6 @@ class Program:
             raise RuntimeFailure(site, f"delegate {index} was not initialised")
         return entry
 
-    def _check_custom_ops(self) -> None:
-        """Custom ops run by name (functional fallbacks): their library must be loaded, which
-        is checked at load rather than when a method is first prepared."""
-        for meta in self.schema.methods:
-            for k, op in enumerate(meta.operators):
-                if not op.is_functional_fallback:
-                    continue
-                name = canonical_op_name(op.name, op.overload)
-                if self.kernels.lookup(name) is not None:
-                    continue
-                pc = next((i for i, ins in enumerate(meta.instructions)
-                           if isinstance(ins, schema.KernelCall) and ins.op_index == k), None)
-                entry = (meta.debug[meta.instructions[pc].debug]
-                         if pc is not None and 0 <= meta.instructions[pc].debug < len(meta.debug)
-                         else None)
-                site = FailureSite(meta.name, pc, name, entry.node_name if entry else None,
-                                   entry.source if entry else None)
-                raise MissingKernelError(site, *missing_custom_op(name))
-
     def _init_delegates(self) -> None:
         for index, d in enumerate(self.schema.delegates):
             backend = self.delegates.get(d.backend_id)
@@ -225,6 +203,7 @@ class Program:
                     f"the program delegates to backend {d.backend_id!r}, which the delegate "
                     f"registry does not have (registered: {known})",
                     registration_hint(d.backend_id),
+                    field=f"delegates[{index}].backend_id",
                 )
             try:
                 if getattr(backend, "accepts_limits", False):
@@ -232,9 +211,9 @@ class Program:
                 else:
                     handle = backend.init(d.data, d.compile_specs)
             except Exception as exc:
-                raise RuntimeFailure(
+                raise DelegateInitError(
                     site, f"backend {d.backend_id!r} failed to initialise delegate {index}: "
-                    f"{type(exc).__name__}: {exc}"
+                    f"{type(exc).__name__}: {exc}", field=f"delegates[{index}].data",
                 ) from exc
             self._handles[index] = (backend, handle)
             self._locks.append(

@@ -5,11 +5,13 @@ understands the builtin containers: tuple, list, dict, OrderedDict, namedtuple (
 tuple), None and leaves. Other registered types (dataclasses, custom nodes) can still be
 *flattened* by duck typing — a tuple/list of the right length, or an object with the attributes
 the spec's context names — but not rebuilt: for outputs the caller then gets the flat values.
-A spec that cannot be parsed at all yields ``None``.
+A malformed spec raises :class:`TreeSpecError` (``Program.load`` reports it as a load error
+naming the field).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -40,54 +42,80 @@ class Spec:
         return sum(c.num_leaves for c in self.children)
 
 
+class TreeSpecError(ValueError):
+    """A spec that is present but malformed (``reason`` says how)."""
+
+
 def parse(text: str) -> Spec | None:
-    """The spec in ``text`` (``[1, node]`` JSON), or ``None`` if absent or not understood."""
+    """The spec in ``text`` (``[1, node]`` JSON), or ``None`` if absent; raises
+    :class:`TreeSpecError` if it is malformed. Specs are immutable: parsed once per text."""
     if not text:
         return None
+    return _parse(text)
+
+
+@functools.lru_cache(maxsize=512)
+def _parse(text: str) -> Spec:
     try:
         decoded = json.loads(text)
-        if not (isinstance(decoded, list) and len(decoded) == 2 and decoded[0] == 1):
-            return None
+    except (ValueError, RecursionError) as e:
+        raise TreeSpecError(f"not valid JSON: {e}") from None
+    if not (isinstance(decoded, list) and len(decoded) == 2 and decoded[0] == 1):
+        raise TreeSpecError("expected [1, spec] (version 1 of the TreeSpec JSON)")
+    try:
         return _node(decoded[1])
-    except (ValueError, TypeError, KeyError, RecursionError):
-        return None
+    except RecursionError:
+        raise TreeSpecError("nested too deeply") from None
 
 
-def _node(obj: object) -> Spec | None:
-    if not isinstance(obj, dict):
-        return None
+_HASHABLE_KEYS = (str, int, float, bool, type(None))
+
+
+def _node(obj: object) -> Spec:
+    if not isinstance(obj, dict) or "type" not in obj or "children_spec" not in obj:
+        raise TreeSpecError("a node must be an object with 'type' and 'children_spec'")
     kind = obj["type"]
     raw_children = obj["children_spec"]
     if not isinstance(raw_children, list):
-        return None
-    children = []
-    for c in raw_children:
-        child = _node(c)
-        if child is None:
-            return None
-        children.append(child)
+        raise TreeSpecError("'children_spec' must be an array")
+    children = tuple(_node(c) for c in raw_children)
     if kind is None:
-        return Spec(None, (), ()) if not children else None
+        if children:
+            raise TreeSpecError("a leaf has no children")
+        return Spec(None, (), ())
     if kind == "builtins.NoneType":
         return Spec(kind, (), ())
     if not isinstance(kind, str):
-        return None
+        raise TreeSpecError(f"node type {kind!r:.40} is not a string")
     keys: tuple[object, ...] = ()
     if kind in _MAPPINGS:
-        context = json.loads(obj["context"])
-        if not isinstance(context, list) or len(context) != len(children):
-            return None
-        keys = tuple(context)
+        keys = _mapping_keys(obj.get("context"), len(children))
     elif kind not in _SEQUENCES:
         keys = _attribute_names(obj.get("context"), len(children))
-    return Spec(kind, keys, tuple(children))
+    return Spec(kind, keys, children)
+
+
+def _mapping_keys(context: object, count: int) -> tuple[object, ...]:
+    """A dict's keys from its context: a JSON array (in a string) of ``count`` scalars."""
+    try:
+        keys = json.loads(context) if isinstance(context, str) else None
+    except (ValueError, RecursionError):
+        keys = None
+    if not isinstance(keys, list) or len(keys) != count:
+        raise TreeSpecError(f"a dict's context must be a JSON array of its {count} keys")
+    for key in keys:
+        if not isinstance(key, _HASHABLE_KEYS):
+            raise TreeSpecError(f"dict key {key!r:.40} is not a string, number, bool or null")
+    if len(set(keys)) != len(keys):
+        raise TreeSpecError("a dict's keys repeat")
+    return tuple(keys)
 
 
 def _attribute_names(context: object, count: int) -> tuple[object, ...]:
     """Field names from a registered type's context (dataclasses: ``[[fields], [none_fields]]``)."""
     try:
         decoded = json.loads(context) if isinstance(context, str) else context
-    except ValueError:
+    except (ValueError, RecursionError):
         return ()
     if isinstance(decoded, list) and decoded and isinstance(decoded[0], list):
         decoded = decoded[0]

@@ -182,15 +182,34 @@ def _conv_binary(
     return torch.relu_(y) if unary_attr == "relu" else y
 
 
+def _packable(weight: Any, padding: Any, stride: Any, dilation: Any, groups: Any) -> bool:
+    """Whether oneDNN can pack ``weight`` for these arguments without dividing by zero or
+    reading past its dimensions (the reorder checks none of this: stride 0 is a SIGFPE)."""
+    spatial = weight.dim() - 2 if isinstance(weight, torch.Tensor) else -1
+    lists = (padding, stride, dilation)
+    if spatial < 1 or not all(_ints_of_length(x, spatial) for x in lists):
+        return False
+    if type(groups) is not int or groups < 1 or weight.shape[0] % groups:
+        return False
+    return min(stride) >= 1 and min(dilation) >= 1 and min(padding) >= 0 and weight.numel() > 0
+
+
+def _ints_of_length(x: Any, n: int) -> bool:
+    return isinstance(x, (list, tuple)) and len(x) == n and all(type(v) is int for v in x)
+
+
 def _packer(weight_at: int, padding_at: int) -> Callable[..., tuple[Any, ...]]:
     """Pack a constant convolution weight for oneDNN once, at load (same values, blocked
-    layout); a weight that is no constant, or a failed packing, stays as it is."""
+    layout); a weight that is no constant, arguments it cannot be packed for, or a failed
+    packing, leave it as it is (the op then reports bad arguments when it runs)."""
 
     def prepare(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> tuple[Any, ...]:
         weight = constant(args[weight_at])
         if weight is None or not _MKLDNN:
             return args
         padding, stride, dilation, groups = args[padding_at : padding_at + 4]
+        if not _packable(weight, padding, stride, dilation, groups):
+            return args
         try:
             packed = torch.ops.mkldnn._reorder_convolution_weight(
                 weight, padding, stride, dilation, groups
@@ -384,9 +403,30 @@ def normalize(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple
     return tuple(pos), kw
 
 
+# Integer arguments (or items of integer lists) by schema name, and the least value a literal
+# one may have. ATen checks them when most ops run, but not everywhere before using them
+# (oneDNN's weight packing at load divides by the stride), so a blob breaking one is refused.
+INT_ARGUMENT_MINIMUM: dict[str, int] = {
+    "stride": 1, "dilation": 1, "kernel_size": 1, "groups": 1, "padding": 0,
+    "output_padding": 0, "output_size": 0,
+}  # fmt: skip
+
+
+def _check_int_bounds(name: str, pos: tuple, kw: dict) -> None:
+    params = _schema(name).arguments
+    given = {a.name: v for a, v in zip((a for a in params if not a.kwarg_only), pos)} | kw
+    for arg, least in INT_ARGUMENT_MINIMUM.items():
+        value = given.get(arg)
+        for item in value if isinstance(value, list) else [value]:
+            if type(item) is int and item < least:
+                raise SchemaMismatch(f"argument {arg!r} has {item}; it must be >= {least}")
+
+
 def check_args(name: str, args: tuple, kwargs: dict, n_outs: int, multi: bool) -> None:
-    """Raise :class:`SchemaMismatch` unless the arguments and outputs fit the op's schema."""
-    normalize(name, args, kwargs)
+    """Raise :class:`SchemaMismatch` unless the arguments and outputs fit the op's schema (and
+    literal integer arguments their bounds, :data:`INT_ARGUMENT_MINIMUM`)."""
+    pos, kw = normalize(name, args, kwargs)
+    _check_int_bounds(name, pos, kw)
     returns = [str(r.type) for r in _schema(name).returns]
     if returns == ["List[Tensor]"]:
         if not multi:

@@ -33,7 +33,8 @@ import torch
 
 CASE_SECONDS = 20  # a case running longer is a hang
 # Loading limits far below the defaults: a file asking for more is refused, never allocated.
-LIMITS = {"max_tensor_bytes": 1 << 26, "max_arena_bytes": 1 << 27, "max_structure_bytes": 1 << 24}
+LIMITS = {"max_tensor_bytes": 1 << 26, "max_arena_bytes": 1 << 27, "max_structure_bytes": 1 << 24,
+          "max_loop_iterations": 1 << 12}  # a mutated loop bound runs into the cap, typed
 _RANDOM_OPS = ("empty", "empty_strided", "rand", "randn", "randperm", "native_dropout",
                "bernoulli", "normal", "uniform", "multinomial", "random")
 

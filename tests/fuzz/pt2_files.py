@@ -201,9 +201,57 @@ def m_weights_header(members: Members, rng: random.Random) -> str:
     return f"{name} header {key}"
 
 
+# Expressions a hostile format 1.1 file may hold where a symbolic size or a shape_env entry
+# goes: undeclared symbols, heads outside the table, huge numbers and powers, deep nesting.
+HOSTILE_EXPRESSIONS = [
+    "s9", "u99", "__import__", ["eval", "s0"], ["*", 10**400, "s0"], ["**", 2, 10**9],
+    ["**", "s0", "s0"], ["q", 1, 0], ["f", 1.5], ["//", "s0", 0], ["%", "s0", 0],
+    ["max"], ["+"] + ["s0"] * 300, True, "oo", ["-", "s0"], [], [["+"]],
+]
+
+
+def _nest(depth: int) -> Any:
+    expr: Any = "s0"
+    for _ in range(depth):
+        expr = ["+", 1, expr]
+    return expr
+
+
+def m_symbolic(program: Any, rng: random.Random) -> str:
+    """Format 1.1: edit a symbolic size (``{"sym": ...}``), a symbol entry (name, hint, range),
+    a replacement, guard or runtime assert, or a derived range."""
+    env = program.get("shape_env") if isinstance(program, dict) else None
+    if not isinstance(env, dict):
+        return "no shape_env"
+    hostile = [*HOSTILE_EXPRESSIONS, _nest(rng.choice([70, 300]))]
+    sizes = paths(program, lambda x: isinstance(x, dict) and "sym" in x and len(x) == 1)
+    choice = rng.choice(["size", "symbol", "guard", "assert", "replacement", "derived"])
+    if choice == "size" and sizes:
+        get(program, rng.choice(sizes))["sym"] = rng.choice(hostile)
+    elif choice == "symbol" and env.get("symbols"):
+        entry = rng.choice(env["symbols"])
+        key = rng.choice(["name", "hint", "range", "dim", "size_like", "sources"])
+        entry[key] = rng.choice({
+            "name": ["s0", "x", "s" * 300, 7, None], "hint": [-1, 2**70, 10**400, "3", None],
+            "range": [[5, 2], ["s0", 9], [0, 10**400], [2], [-(2**63), 2**63]],
+            "dim": [7, "x" * 80, None], "size_like": [1, "yes", None], "sources": [[1], "x"],
+        }[key])
+    elif choice in ("guard", "assert"):
+        key = "guards" if choice == "guard" else "runtime_asserts"
+        env.setdefault(key, []).append([rng.choice([False, *hostile]),
+                                        rng.choice([None, ["f.py", -1, "f", ""], [1, 2]])])
+    elif choice == "replacement":
+        env.setdefault("replacements", []).append([rng.choice(["s0", "u0", 3]),
+                                                   rng.choice(hostile)])
+    else:
+        env.setdefault("derived_ranges", []).append([rng.choice(hostile),
+                                                     rng.choice([["4", "2"], ["x", "1"], [1]])])
+    return f"symbolic {choice}"
+
+
 PROGRAM_MUTATIONS: list[tuple[Callable[[Any, random.Random], str], int]] = [
     (m_int, 5), (m_target, 5), (m_argument, 5), (m_fake, 4), (m_treespec, 4),
-    (m_signature, 2), (m_nodes, 3),
+    (m_signature, 2), (m_nodes, 3), (m_symbolic, 4),
 ]
 
 

@@ -1,6 +1,7 @@
 """The files the fuzz suite mutates: small programs exportir emits (every value, storage and
-instruction kind, jumps, runtime primitives, state, views, a fused_cpu delegate) and saved
-ExportedPrograms (.pt2), built once per test session."""
+instruction kind, jumps, loops (format 3.0: map, while_loop), runtime primitives, state, views,
+a fused_cpu delegate, symbolic input sizes) and saved ExportedPrograms (.pt2, with symbolic
+shapes: format 1.1), built once per test session."""
 
 from __future__ import annotations
 
@@ -66,6 +67,33 @@ class _Conv(nn.Module):
         return self.fc(h.flatten(1)).tanh()
 
 
+class _Map(nn.Module):
+    """``map`` over the leading dim: a format 3.0 loop (a jump back)."""
+
+    def forward(self, xs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        from torch._higher_order_ops.map import map as torch_map
+
+        return torch_map(lambda x, b: (x * b).relu() + 1, xs, y)
+
+
+class _WhileLoop(nn.Module):
+    """``while_loop`` with a data-dependent trip count: a format 3.0 loop."""
+
+    def forward(self, i: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        from torch._higher_order_ops.while_loop import while_loop
+
+        return while_loop(lambda j, a: j < 4, lambda j, a: (j + 1, a * 2 + 1), (i, x))
+
+
+class _Unbacked(nn.Module):
+    """Data-dependent sizes: unbacked symbols with ranges and runtime asserts (.pt2 1.1)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = (x > 0).sum().item()
+        torch._check(n <= 8)
+        return torch.nonzero(x > 0).float().sum() + torch.zeros(n).sum() + x.sum()
+
+
 def _models() -> dict[str, tuple[nn.Module, tuple, dict | None]]:
     torch.manual_seed(0)
     return {
@@ -75,7 +103,16 @@ def _models() -> dict[str, tuple[nn.Module, tuple, dict | None]]:
         "state_views": (_StateAndViews(), (torch.randn(2, 3),), None),
         "indexing": (_Indexing().eval(), (torch.tensor([0, 3, 1]), torch.randn(2, 3)), None),
         "conv": (_Conv().eval(), (torch.randn(1, 3, 12, 12),), None),
+        "map": (_Map(), (torch.randn(3, 2), torch.randn(2)), {"xs": {0: Dim("m", min=1, max=6)},
+                                                             "y": None}),
+        "while_loop": (_WhileLoop(), (torch.tensor(0), torch.randn(3)), None),
     }
+
+
+def _pt2_models() -> dict[str, tuple[nn.Module, tuple, dict | None]]:
+    models = _models()
+    models["unbacked"] = (_Unbacked(), (torch.randn(6),), {"x": {0: Dim("k", min=2, max=8)}})
+    return models
 
 
 def xpt_seeds() -> dict[str, bytes]:
@@ -97,14 +134,13 @@ def xpt_seeds() -> dict[str, bytes]:
 
 
 def pt2_seeds() -> dict[str, bytes]:
-    """Saved ExportedPrograms (``exportir.save``) of the static models."""
+    """Saved ExportedPrograms (``exportir.save``): static ones (format 1.0 content) and, with
+    a ``shape_env`` section (1.1), the dynamic, map and data-dependent ones."""
     seeds = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for name, (model, args, shapes) in _models().items():
-            if shapes is not None:  # format 1.0 saves static programs only
-                continue
+        for name, (model, args, shapes) in _pt2_models().items():
             buffer = io.BytesIO()
-            exportir.save(exportir.export(model, args), buffer)
+            exportir.save(exportir.export(model, args, dynamic_shapes=shapes), buffer)
             seeds[name] = buffer.getvalue()
     return seeds

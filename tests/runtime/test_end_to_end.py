@@ -12,7 +12,7 @@ from corpus.export_models import BY_NAME, ENTRIES, build
 
 from exportir import pytree
 from exportir.program import schema
-from exportir.runtime import Program, RuntimeFailure, default_kernel_registry
+from exportir.runtime import MethodInputError, Program, default_kernel_registry
 from exportir.runtime.kernel_table import KERNEL_TABLE
 
 
@@ -157,7 +157,8 @@ def test_dynamic_shapes_run_at_every_size_within_the_bounds():
     for n, k in ((1, 1), (16, 8), (5, 3), (7, 2)):
         x, y = torch.randn(n, 4), torch.randn(k, 3)
         _assert_same(method(x, y), model(x, y))
-    with pytest.raises(RuntimeFailure, match="call with inputs within the sizes"):
+    with pytest.raises(MethodInputError, match=r"input 0 \(x\) has size 17 at dim 0; it is b, "
+                       r"which the method accepts in \[1, 16\]"):
         method(torch.randn(17, 4), torch.randn(2, 3))
     _assert_same(method(x, y), model(x, y))  # still usable after the failure
 

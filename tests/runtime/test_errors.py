@@ -128,7 +128,7 @@ def test_static_output_never_spills_into_its_neighbours():
     method = Program.from_schema(program_of(b)).method()
     with pytest.raises(RuntimeFailure, match="needs more memory than the plan gives it"):
         method(torch.ones(2, 3))
-    assert method._template[guard].tolist() == [0, 0, 0, 0]
+    assert method._state._template[guard].tolist() == [0, 0, 0, 0]
 
 
 @pytest.mark.parametrize(

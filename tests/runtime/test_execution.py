@@ -44,10 +44,10 @@ def _flaky_relu(fail_on: set[int], resize_first: bool = False):
 
 def test_first_run_is_checked_later_runs_are_trusted():
     method = Program.from_schema(program_of(add_mul_builder())).method()
-    assert not method._verified
+    assert not method._state._verified
     x, y = torch.randn(2, 3), torch.randn(2, 3)
     (first,) = method(x, y)
-    assert method._verified
+    assert method._state._verified
     for _ in range(3):
         x, y = torch.randn(2, 3), torch.randn(2, 3)
         (got,) = method(x, y)
@@ -60,7 +60,7 @@ def test_a_failure_on_a_trusted_run_names_the_instruction_and_rechecks():
     x = torch.tensor([[-1.0, 2.0, 3.0], [4.0, -5.0, 6.0]])
     method(x)
     method(x)
-    assert method._verified
+    assert method._state._verified
     with pytest.raises(RuntimeFailure) as info:
         method(x)
     err = info.value
@@ -68,9 +68,9 @@ def test_a_failure_on_a_trusted_run_names_the_instruction_and_rechecks():
                                                               "m.py:5")
     assert "ValueError: flaky on call 3" in str(err)
     assert isinstance(err.__cause__, ValueError)
-    assert not method._verified  # the next run is checked again
+    assert not method._state._verified  # the next run is checked again
     assert torch.equal(method(x)[0], x.clamp_min(0))
-    assert method._verified
+    assert method._state._verified
 
 
 def test_a_trusted_failure_restores_planned_layouts():
@@ -92,7 +92,7 @@ def test_a_kernel_resizing_its_out_on_the_first_run_is_caught_and_never_trusted(
     for _ in range(2):
         with pytest.raises(RuntimeFailure, match=r"resized value 1 to \(3, 2\)"):
             method(torch.randn(2, 3))
-        assert not method._verified
+        assert not method._state._verified
 
 
 def test_instructions_on_dynamic_shapes_stay_checked_after_verification():
@@ -102,9 +102,9 @@ def test_instructions_on_dynamic_shapes_stay_checked_after_verification():
     b.kernel("aten::relu", "out", (x, out), "relu", "m.py:9")
     b.outputs.append(out)
     method = Program.from_schema(program_of(b)).method()
-    assert 0 not in method._trusted
+    assert 0 not in method._state._trusted
     method(torch.ones(2))
-    assert method._verified
+    assert method._state._verified
     with pytest.raises(RuntimeFailure, match="needs more memory than the plan gives it"):
         method(torch.ones(6))
     assert method(torch.ones(3))[0].shape == (3,)
@@ -119,14 +119,14 @@ def test_the_frame_keeps_no_input_after_a_call():
     del x
     gc.collect()
     assert ref() is None
-    assert all(v is None for v in (method._frame[i] for i in method.meta.inputs))
+    assert all(v is None for v in (method._state._frame[i] for i in method.meta.inputs))
 
 
 def test_an_input_error_leaves_the_frame_clean():
     method = Program.from_schema(program_of(add_mul_builder())).method()
     with pytest.raises(MethodInputError):
         method(torch.randn(2, 3), "not a tensor")
-    assert method._frame[method.meta.inputs[0]] is None
+    assert method._state._frame[method.meta.inputs[0]] is None
     assert torch.equal(method(torch.ones(2, 3), torch.ones(2, 3))[0], torch.full((2, 3), 4.0))
 
 
@@ -146,12 +146,12 @@ def _layer_norm_method(read_mean: bool):
 def test_outs_nobody_reads_may_stay_unwritten(read_mean):
     b, (w, bias, out0, out1, out2) = _layer_norm_method(read_mean)
     method = Program.from_schema(program_of(b)).method()
-    assert not method._unread(out0) and method._unread(out2)
-    assert method._unread(out1) is not read_mean
+    assert not method._state._unread(out0) and method._state._unread(out2)
+    assert method._state._unread(out1) is not read_mean
     x = torch.randn(2, 3, 8)
     for _ in range(2):  # checked, then trusted
         got = method(x)
-        want = torch.native_layer_norm(x, [8], method._template[w], method._template[bias], 1e-5)
+        want = torch.native_layer_norm(x, [8], method._state._template[w], method._state._template[bias], 1e-5)
         assert torch.equal(got[0], want[0])
         if read_mean:
             assert torch.equal(got[1], want[1])
@@ -175,8 +175,8 @@ def test_outputs_only_returned_are_computed_fresh_after_verification():
     b = add_mul_builder()  # s = x + y (read by mul), out = s * w (returned only)
     method = Program.from_schema(program_of(b)).method()
     out = method.meta.outputs[0]
-    assert set(method._fresh_slots) == {out}
-    arena_out = method._template[out]
+    assert set(method._state._fresh_slots) == {out}
+    arena_out = method._state._template[out]
     x, y = torch.randn(2, 3), torch.randn(2, 3)
     first = method(x, y)[0]  # checked: written to the arena, cloned
     results = [method(x, y)[0] for _ in range(2)]  # trusted: new tensors, no clone
@@ -186,14 +186,14 @@ def test_outputs_only_returned_are_computed_fresh_after_verification():
             arena_out.untyped_storage().data_ptr()
         )
     assert results[0].data_ptr() != results[1].data_ptr()
-    assert method._fresh_box == [None]  # handed out, not kept
+    assert method._state._fresh_box == [None]  # handed out, not kept
 
 
 def test_an_output_also_read_inside_the_method_is_cloned():
     b = add_mul_builder()
     b.outputs.insert(0, 4)  # s, read by mul, returned as well
     method = Program.from_schema(program_of(b)).method()
-    assert 4 not in method._fresh_slots
+    assert 4 not in method._state._fresh_slots
     x, y = torch.randn(2, 3), torch.randn(2, 3)
     for _ in range(2):
         s, out = method(x, y)
@@ -209,7 +209,7 @@ def test_no_fresh_output_from_inputs_of_free_layout():
     b.kernel("aten::relu", "out", (x, out), "relu", "m.py:5")
     b.outputs.append(out)
     method = Program.from_schema(program_of(b)).method()
-    assert not method._fresh_slots
+    assert not method._state._fresh_slots
     x = torch.randn(3, 2).t()
     for _ in range(2):
         assert torch.equal(method(x)[0], x.relu())
@@ -228,8 +228,8 @@ def test_moves_into_inputs_and_state_are_bare_copies_once_verified():
     b.instruction(lambda d: schema.MoveCall(doubled, x, d), "input")
     b.outputs.append(new)
     method = Program.from_schema(program_of(b)).method()
-    assert {2, 3} <= set(method._trusted)
-    assert not method._unread(state) and not method._unread(x)  # read by later calls, caller
+    assert {2, 3} <= set(method._state._trusted)
+    assert not method._state._unread(state) and not method._state._unread(x)  # read by later calls, caller
     for step in range(1, 4):
         given = torch.tensor([1.0, 2.0])
         (got,) = method(given)

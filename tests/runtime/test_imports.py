@@ -15,7 +15,8 @@ import torch
 SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
 
 # exportir modules the runtime may load: the program format (validate verifies memory plans
-# with the pure, stdlib-only planning.verify_plan) and the runtime's own modules.
+# with the pure, stdlib-only planning.verify_plan and estimates work with the stdlib-only
+# work module) and the runtime's own modules.
 ALLOWED = {
     "exportir",
     "exportir.program",
@@ -24,6 +25,7 @@ ALLOWED = {
     "exportir.program.validate",
     "exportir.program._codec",
     "exportir.program.planning",
+    "exportir.program.work",
 }
 
 PROBE = textwrap.dedent(

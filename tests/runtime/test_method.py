@@ -33,7 +33,7 @@ def test_elementwise_matches_eager():
 
 def test_results_land_in_the_planned_arena():
     method = Program.from_schema(add_mul_program()).method()
-    arena = method._arenas[0].as_tensor()
+    arena = method._state._arenas[0].as_tensor()
     x, y = torch.ones(2, 3), torch.ones(2, 3)
     method(x, y)
     # value 5 is x + y, planned at offset 0
@@ -46,7 +46,7 @@ def test_outputs_are_copies_that_survive_later_calls():
     (second,) = method(torch.zeros(2, 3), torch.zeros(2, 3))
     assert torch.equal(first, torch.full((2, 3), 4.0))
     assert torch.equal(second, torch.zeros(2, 3))
-    arena = method._arenas[0].as_tensor()
+    arena = method._state._arenas[0].as_tensor()
     base, end = arena.data_ptr(), arena.data_ptr() + arena.numel()
     assert not base <= first.data_ptr() < end
 

@@ -79,6 +79,44 @@ def test_define_before_use_follows_both_branches_of_a_jump():
         _load(program_of(_branches(False)))
 
 
+def _loop(free_in_body: bool) -> MethodBuilder:
+    """t = neg(x); loop: acc = t + x; [free t;] t = relu(acc) written to a runtime tensor ...
+    with a jump back (format 3). ``free_in_body``: the body frees ``t`` after reading it and
+    never writes it again, so the second iteration reads freed memory, a path only the back
+    jump reaches."""
+    b = MethodBuilder()
+    x = b.input("x", (2,))
+    again = b.scalar_input("again", schema.Bool(False))
+    t = b.add(schema.Tensor(F32, (2,), (0,), schema.DynamicStorage(), True, None))
+    acc, out = b.planned((2,)), b.planned((2,))
+    never, one = b.add(schema.Bool(False)), b.add(schema.Int(1))
+    b.kernel("aten::neg", "out", (x, t), "neg")                         # 0
+    b.kernel("aten::add", "out", (t, x, one, acc), "add")               # 1: loop start
+    if free_in_body:
+        b.instruction(lambda d: schema.FreeCall(t, d), "free")          # 2
+    else:
+        b.kernel("aten::relu", "out", (acc, t), "relu")                 # 2
+    b.instruction(lambda d: schema.JumpFalseCall(again, 5, d), "cond")  # 3: leave
+    b.instruction(lambda d: schema.JumpFalseCall(never, 1, d), "loop")  # 4: jump back
+    b.kernel("aten::relu", "out", (acc, out), "relu")                   # 5
+    b.outputs.append(out)
+    return b
+
+
+def _loop_program(free_in_body: bool) -> schema.Program:
+    return dataclasses.replace(program_of(_loop(free_in_body)),
+                               version=schema.LOOP_FORMAT_VERSION)
+
+
+def test_define_before_use_follows_a_jump_back():
+    method = _load(_loop_program(False)).method()
+    x = torch.tensor([-1.0, 2.0])
+    assert method(x, False)[0].tolist() == [0.0, 0.0]  # one pass: relu(-x + x)
+    with pytest.raises(ProgramLoadError, match=r"instructions\[1\]: reads value 2 before any "
+                                               r"instruction wrote it \(on some path"):
+        _load(_loop_program(True))
+
+
 def test_an_output_nothing_writes_is_refused():
     b = MethodBuilder()
     x = b.input("x", (2,))

@@ -76,8 +76,23 @@ def encode_instruction(ins: schema.Instruction) -> list[Any]:
     raise TypeError(f"not an instruction: {ins!r}")
 
 
-def encode_method(m: schema.Method) -> dict[str, Any]:
+def _encode_dim(d: schema.DimSize | None) -> list[int] | None:
+    return None if d is None else [d.symbol, d.coeff, d.offset]
+
+
+def _encode_input_sizes(m: schema.Method) -> dict[str, Any]:
+    """The 2.1 keys, written only when the method has symbolic input sizes (a static method's
+    structure is the 2.0 one)."""
+    if not m.symbols and not any(m.input_dims):
+        return {}
     return {
+        "symbols": [[r.name, r.min, r.max] for r in m.symbols],
+        "input_dims": [[_encode_dim(d) for d in dims] for dims in m.input_dims],
+    }
+
+
+def encode_method(m: schema.Method) -> dict[str, Any]:
+    return _encode_input_sizes(m) | {
         "name": m.name,
         "values": [encode_value(v) for v in m.values],
         "inputs": list(m.inputs),
@@ -328,10 +343,40 @@ def _pair_of_str(x: Any, path: str) -> tuple[str, str]:
     return _str(a[0], f"{path}[0]"), _str(a[1], f"{path}[1]")
 
 
+def _decode_symbol(x: Any, path: str) -> schema.SymbolRange:
+    a = _list(x, path, 3)
+    upper = None if a[2] is None else _int(a[2], f"{path}.max")
+    return schema.SymbolRange(_str(a[0], f"{path}.name"), _int(a[1], f"{path}.min"), upper)
+
+
+def _decode_dim(x: Any, path: str) -> schema.DimSize | None:
+    if x is None:
+        return None
+    a = _list(x, path, 3)
+    return schema.DimSize(_nat(a[0], f"{path}.symbol"), _int(a[1], f"{path}.coeff"),
+                          _int(a[2], f"{path}.offset"))
+
+
+def _decode_input_sizes(d: dict[str, Any], path: str) -> dict[str, Any]:
+    """The 2.1 keys (absent in 2.0 files: no symbolic input sizes known)."""
+    symbols = d.get("symbols", [])
+    dims = d.get("input_dims", [])
+    return {
+        "symbols": tuple(_decode_symbol(v, f"{path}.symbols[{i}]")
+                         for i, v in enumerate(_list(symbols, f"{path}.symbols"))),
+        "input_dims": tuple(
+            tuple(_decode_dim(e, f"{path}.input_dims[{i}][{k}]")
+                  for k, e in enumerate(_list(v, f"{path}.input_dims[{i}]")))
+            for i, v in enumerate(_list(dims, f"{path}.input_dims"))
+        ),
+    }
+
+
 def decode_method(x: Any, path: str) -> schema.Method:
     d = _dict(x, path, _METHOD_KEYS)
     plan = _list(d["plan"], f"{path}.plan", 3)
     return schema.Method(
+        **_decode_input_sizes(d, path),
         name=_str(d["name"], f"{path}.name"),
         values=tuple(_fast_tensor(v) or decode_value(v, f"{path}.values[{i}]")
                      for i, v in enumerate(_list(d["values"], f"{path}.values"))),

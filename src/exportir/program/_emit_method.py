@@ -17,6 +17,8 @@ import torch
 from exportir.fx import Node
 from exportir.fx.node import map_arg
 from exportir.program import kernels, planning, schema
+from exportir.program._emit_loops import LOOPS
+from exportir.program._input_dims import input_sizes
 from exportir.program.kernels import EmitError, source_line
 
 _CONSTANT_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
@@ -155,6 +157,7 @@ class MethodEmitter:
         self.literals: dict[tuple[Any, ...], int] = {}
         self.inputs: list[int] = []
         self.input_names: list[str] = []
+        self.input_vals: list[Any] = []  # their meta["val"]: the symbolic input sizes
         self.whole_method: list[int] = []
         self.by_input_name: dict[str, int] = {}
         self.state_value: dict[str, int] = {}
@@ -711,6 +714,10 @@ class MethodEmitter:
         if node.target is torch.ops.higher_order.cond:
             self.emit_cond(node)
             return
+        loop = LOOPS.get(node.target)
+        if loop is not None:
+            loop(self, node)
+            return
         kind = kernels.classify(node, self.gm)
         if kind == "getitem":
             self.emit_getitem(node)
@@ -764,6 +771,7 @@ class MethodEmitter:
             self.by_input_name[node.name] = ref
             self.inputs.append(ref)
             self.input_names.append(node.name)
+            self.input_vals.append(val)
         elif kind == "TOKEN":
             self.node_value[node] = self.literal(schema.Null())
         else:
@@ -837,6 +845,7 @@ class MethodEmitter:
         )
         values = tuple(_finalize(v, plan, i) for i, v in enumerate(self.values))
         ops = tuple(sorted(self.operators, key=self.operators.__getitem__))
+        symbols, input_dims = input_sizes(self.ep, self.input_names, self.input_vals)
         return schema.Method(
             name=self.name,
             values=values,
@@ -850,6 +859,8 @@ class MethodEmitter:
             output_names=tuple(output_names),
             in_spec=_spec_json(self.ep, 0),
             out_spec=_spec_json(self.ep, 1),
+            symbols=symbols,
+            input_dims=input_dims,
         )
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from exportir.program import _emit_method, kernels, schema, validate
+from exportir.program import _emit_method, kernels, planning, schema, validate
 from exportir.program.kernels import (
     ControlFlowNotSupportedError,
     EmitError,
@@ -94,16 +94,25 @@ def check_kernel_coverage(
 
 
 def _calls_with_branches(gm: Any) -> Iterator[tuple[Any, Any]]:
-    """``(owning module, node)`` for every call_function node, cond branches included (the
-    emitter runs them inline)."""
+    """``(owning module, node)`` for every call_function node, the subgraphs of ``cond``,
+    ``map`` and ``while_loop`` included (the emitter runs them inline)."""
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
-        if node.target is torch.ops.higher_order.cond:
-            for attr in node.args[1:3]:
+        bodies = _BODIES.get(node.target)
+        if bodies is not None:
+            for attr in node.args[bodies]:
                 yield from _calls_with_branches(kernels.get_attr(gm, attr.target))
             continue
         yield gm, node
+
+
+# control flow the emitter runs inline: which arguments are its subgraphs
+_BODIES: dict[Any, slice] = {
+    torch.ops.higher_order.cond: slice(1, 3),
+    torch.ops.higher_order.map_impl: slice(0, 1),
+    torch.ops.higher_order.while_loop: slice(0, 2),
+}
 
 
 def _resolvable(op: Any) -> bool:
@@ -137,8 +146,9 @@ def emit_program(
         if name in methods:
             raise EmitError(f"constant method {name!r} clashes with a method of the same name")
         emitted.append(_emit_method.constant_method(name, constant_methods[name], builder))
+    looping = any(planning.loops(m.instructions) for m in emitted)
     program = schema.Program(
-        version=schema.FORMAT_VERSION,
+        version=schema.LOOP_FORMAT_VERSION if looping else schema.FORMAT_VERSION,
         methods=tuple(emitted),
         constants=tuple(builder.constants),
         delegates=tuple(builder.delegates),

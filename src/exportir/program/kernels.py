@@ -291,25 +291,10 @@ class ControlFlowNotSupportedError(EmitError, NotImplementedError):
     """A control-flow construct the program format cannot run yet (names node, line, fix)."""
 
 
-_higher_order = torch.ops.higher_order
 
 # control-flow operator -> (what the user wrote, the way out) for constructs not emitted
-UNSUPPORTED_CONTROL_FLOW: dict[Any, tuple[str, str]] = {
-    _higher_order.map_impl: (
-        "map (functorch.experimental.control_flow.map)",
-        (
-            "unroll it in Python over the (static) leading dimension and torch.stack the "
-            "results, or vectorize the body (it runs on one slice)"
-        ),
-    ),
-    _higher_order.while_loop: (
-        "torch.while_loop",
-        (
-            "unroll it in Python when the trip count is static, or compute a fixed number of "
-            "steps and select the result with torch.where"
-        ),
-    ),
-}
+# (every construct export captures is emitted: cond as jumps, map and while_loop as loops)
+UNSUPPORTED_CONTROL_FLOW: dict[Any, tuple[str, str]] = {}
 
 
 def control_flow_error(node: Node, method: str) -> ControlFlowNotSupportedError:
@@ -408,6 +393,8 @@ def classify(node: Node, gm: Any) -> str:
 # Out variants the emitter names although no edge op runs as them: op -> why.
 EMITTER_OUT_VARIANTS: dict[str, str] = {
     "aten::scalar_tensor.out": "a run-time scalar used as a Tensor operand (scalar_as_tensor)",
+    "aten::index_copy.out": "a map loop writes iteration i's result into row i of the stacked "
+                            "output (program._emit_loops)",
 }
 
 # Out variants of edge ops that program files may not name: op -> why. The runtime's kernel

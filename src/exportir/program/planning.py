@@ -11,7 +11,10 @@ value (``TensorList``, ``IntList``, ``OptionalTensorList``) mentions its items. 
 (``schema.ViewOf`` storage: no bytes of its own) mentions its base, so the base stays live
 while any view of it is and no buffer is placed over memory a live view reads. Jumps must go
 forward (no loops): then every execution visits instructions in increasing order, and values
-whose intervals are disjoint are never live together.
+whose intervals are disjoint are never live together. A jump back (``dest <= pc``, format 3:
+the loops of ``map`` / ``while_loop``) makes ``[dest, pc]`` a loop: a value mentioned both inside
+and outside it (loop state, its inputs and results) lives across the whole loop; a value
+mentioned only inside is made anew by each iteration before it is read, and keeps its interval.
 """
 
 from __future__ import annotations
@@ -130,7 +133,34 @@ def lifetimes(
     for v in whole_method:
         first[v] = 0
         last[v] = end
+    _extend_over_loops(first, last, loops(instructions))
     return {v: Lifetime(first[v], last[v]) for v in first}
+
+
+def loops(instructions: Sequence[schema.Instruction]) -> list[tuple[int, int]]:
+    """``(start, end)`` of every loop: a ``JumpFalseCall`` at ``end`` jumping back to
+    ``start <= end``."""
+    return [
+        (ins.dest, pc) for pc, ins in enumerate(instructions)
+        if isinstance(ins, schema.JumpFalseCall) and isinstance(ins.dest, int) and ins.dest <= pc
+    ]
+
+
+def _extend_over_loops(
+    first: dict[int, int], last: dict[int, int], spans: Sequence[tuple[int, int]]
+) -> None:
+    """Every value live both inside and outside a loop lives over the whole loop (repeated
+    until nothing changes: loops may nest or overlap)."""
+    changed = bool(spans)
+    while changed:
+        changed = False
+        for start, end in spans:
+            for v, a in first.items():
+                b = last[v]
+                inside = a <= end and start <= b
+                if inside and (a < start or b > end) and (a > start or b < end):
+                    first[v], last[v] = min(a, start), max(b, end)
+                    changed = True
 
 
 # ------------------------------------------------------------------------------ packing

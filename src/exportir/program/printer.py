@@ -116,9 +116,34 @@ def _signature(m: schema.Method, ids: tuple[int, ...], names: tuple[str, ...]) -
     return lines
 
 
+def _dim_text(m: schema.Method, d: schema.DimSize | None, static: int) -> str:
+    if d is None:
+        return str(static)
+    name = m.symbols[d.symbol].name if 0 <= d.symbol < len(m.symbols) else f"?{d.symbol}"
+    text = name if d.coeff == 1 else f"{d.coeff}*{name}"
+    return text + (f"{d.offset:+d}" if d.offset else "")
+
+
+def _input_sizes(m: schema.Method) -> list[str]:
+    """``symbols: T in [2, 128], B in [1, 16]`` and each dynamic input's sizes in them."""
+    if not m.symbols:
+        return []
+    ranges = ", ".join(f"{r.name} in [{r.min}, {'inf' if r.max is None else r.max}]"
+                       for r in m.symbols)
+    lines = [f"  symbols: {ranges}"]
+    for k, (i, dims) in enumerate(zip(m.inputs, m.input_dims)):
+        v = m.values[i] if i < len(m.values) else None
+        if isinstance(v, schema.Tensor) and any(d is not None for d in dims):
+            name = m.input_names[k] if k < len(m.input_names) else f"input {k}"
+            sizes = ", ".join(_dim_text(m, d, s) for d, s in zip(dims, v.sizes))
+            lines.append(f"    {name}: [{sizes}]")
+    return lines
+
+
 def format_method(m: schema.Method, p: schema.Program) -> list[str]:
     lines = [f"Method {m.name!r}", "  inputs:"]
     lines += _signature(m, m.inputs, m.input_names) or ["    (none)"]
+    lines += _input_sizes(m)
     lines.append("  outputs:")
     lines += _signature(m, m.outputs, m.output_names) or ["    (none)"]
     total = sum(m.plan.arenas)

@@ -19,7 +19,7 @@ Conventions that the emitter and the runtime share are documented in
 - ``DelegateCall.args`` are the inputs of the delegated subgraph, ``outputs`` its results.
 - ``MoveCall`` copies the contents of ``src`` into ``dst`` (same kind; tensors of equal shape).
 - ``JumpFalseCall`` jumps to instruction ``dest`` when the Bool (or one-element tensor) value
-  ``cond_value`` is false; otherwise falls through.
+  ``cond_value`` is false; otherwise falls through. ``dest <= pc`` (format 3) closes a loop.
 - ``FreeCall`` releases a runtime-allocated (``DynamicStorage``) tensor.
 - A tensor with ``ViewOf`` storage aliases another tensor's memory (a view: no instruction
   computes it); instructions only read it.
@@ -32,11 +32,18 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 FORMAT_VERSION = 2
-"""Major version of the program format written by this module."""
+"""Major version of the program format written for programs without loops."""
 
-READABLE_VERSIONS = (1, 2)
+LOOP_FORMAT_VERSION = 3
+"""Major version written for programs with a loop (a ``JumpFalseCall`` jumping back: ``map``,
+``while_loop``); a 2.x reader cannot run one, so such a file is 3.0."""
+
+READABLE_VERSIONS = (1, 2, 3)
 """Major versions a reader accepts: 2 added ``ViewOf`` storage; a 1.x file is a valid 2.x file
-without views."""
+without views; 3 added loops (jumps back), a 2.x file is a valid 3.x file without them."""
+
+MINOR_VERSIONS: dict[int, int] = {1: 0, 2: 1, 3: 0}
+"""The minor version written with each major version."""
 
 
 class ScalarType(IntEnum):
@@ -360,6 +367,27 @@ class MethodPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class SymbolRange:
+    """A symbolic size of a method's inputs (since 2.1): the name the user gave it (the ``Dim``
+    name, else the input dimension it was first seen at) and the values the method accepts,
+    ``min <= value <= max`` (``max`` None: unbounded)."""
+
+    name: str
+    min: int
+    max: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class DimSize:
+    """A dynamic dimension of an input tensor (since 2.1): its size is
+    ``coeff * symbols[symbol] + offset`` (``coeff >= 1``: ``dx``, ``2 * dx``, ``dx + 1``)."""
+
+    symbol: int
+    coeff: int = 1
+    offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Method:
     name: str
     values: tuple[EValue, ...]
@@ -373,6 +401,12 @@ class Method:
     output_names: tuple[str, ...] = ()
     in_spec: str = ""
     out_spec: str = ""
+    # Since 2.1: the input sizes a call must have. ``input_dims`` has one entry per input: a
+    # tuple with one entry per dimension of a tensor input (``None``: static, the size must be
+    # exactly ``sizes[d]``; a DimSize: symbolic), ``()`` for other inputs. Both empty: unknown
+    # (a 2.0 file), only the upper bounds of ``sizes`` are checked.
+    symbols: tuple[SymbolRange, ...] = ()
+    input_dims: tuple[tuple[DimSize | None, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,13 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from exportir.program import _codec, schema
-from exportir.program.validate import DEFAULT_LIMITS, LoadLimits, ProgramLoadError, validate_program
+from exportir.program.validate import (
+    DEFAULT_LIMITS,
+    LoadLimits,
+    ProgramLoadError,
+    ResourceLimitError,
+    validate_program,
+)
 
 __all__ = [
     "FileLayout",
@@ -36,7 +42,7 @@ __all__ = [
 ]
 
 MAGIC = b"EXPORTIR"
-FORMAT_MINOR = 0
+FORMAT_MINOR = schema.MINOR_VERSIONS[schema.FORMAT_VERSION]  # 2.1: symbolic input sizes
 SEGMENT_ALIGNMENT = 64
 _HEADER = struct.Struct("<8sHHIQQQQQQIII")  # see FileLayout
 HEADER_SIZE = 80
@@ -88,6 +94,11 @@ def _data_layout(
     return constants, delegates, cursor
 
 
+def _major(program: schema.Program) -> int:
+    """The header's major version: the program's (3 for loops), 2 for anything older."""
+    return max(program.version, schema.FORMAT_VERSION)
+
+
 def _blobs(program: schema.Program) -> list[bytes | memoryview]:
     return [c.data for c in program.constants] + [d.data for d in program.delegates]
 
@@ -121,7 +132,8 @@ def _write_sections(
     for chunk in chunks:
         data_crc = zlib.crc32(chunk, data_crc)
     fields = [
-        MAGIC, schema.FORMAT_VERSION, FORMAT_MINOR, 0, data_offset + data_len, structure_offset,
+        MAGIC, _major(program), schema.MINOR_VERSIONS.get(_major(program), 0), 0,
+        data_offset + data_len, structure_offset,
         len(compressed), len(raw), data_offset, data_len, zlib.crc32(compressed), data_crc, 0,
     ]
     head = _HEADER.pack(*fields)
@@ -200,19 +212,48 @@ def _check_range(name: str, offset: int, length: int, size: int, at: int) -> Non
                                f"{size}-byte file", f"header.{name}", at)
 
 
+_INFLATE_CHUNK = 1 << 20
+_ITEM_MARKS = (b"[", b"{", b",")  # every JSON array, object and item but a container's first
+
+
 def _inflate(compressed: memoryview, raw_length: int, limits: LoadLimits, at: int) -> bytes:
-    if raw_length > limits.max_structure_bytes:
-        raise ProgramLoadError(f"structure of {raw_length} bytes exceeds the limit "
-                               f"{limits.max_structure_bytes}", "header.structure_raw_length", 40)
+    """The structure's JSON, inflated a chunk at a time: stops as soon as it outgrows the
+    header's length or ``max_structure_bytes``, or holds more than ``max_structure_items``
+    arrays, objects and items (what parsing would turn into Python objects)."""
+    cap = limits.max_structure_bytes
+    if raw_length > cap:
+        raise ResourceLimitError(
+            f"the structure inflates to {raw_length} bytes (header), which exceeds the limit "
+            f"max_structure_bytes ({cap})", "header.structure_raw_length",
+            "max_structure_bytes", 40)
     d = zlib.decompressobj()
+    chunks: list[bytes] = []
+    size = items = 0
+    pending = compressed
     try:
-        raw = d.decompress(compressed, raw_length + 1)
+        while True:
+            chunk = d.decompress(pending, min(_INFLATE_CHUNK, raw_length + 1 - size))
+            pending = d.unconsumed_tail
+            size += len(chunk)
+            items += sum(chunk.count(mark) for mark in _ITEM_MARKS)
+            chunks.append(chunk)
+            if size > raw_length or d.eof or not chunk:
+                break
+            _check_items(items, limits, at)
     except zlib.error as e:
         raise ProgramLoadError(f"structure does not decompress: {e}", "structure", at) from None
-    if len(raw) != raw_length or not d.eof or d.unused_data:
+    _check_items(items, limits, at)
+    if size != raw_length or not d.eof or d.unused_data:
         raise ProgramLoadError(f"structure decompresses to a different length than the header's "
                                f"{raw_length} bytes", "structure", at)
-    return raw
+    return b"".join(chunks)
+
+
+def _check_items(items: int, limits: LoadLimits, at: int) -> None:
+    if items > limits.max_structure_items:
+        raise ResourceLimitError(
+            f"the structure holds more than {limits.max_structure_items} JSON arrays, objects "
+            "and items (max_structure_items)", "structure", "max_structure_items", at)
 
 
 def deserialize_program(

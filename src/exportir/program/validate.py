@@ -5,15 +5,16 @@ entries, jump targets), value kinds of instruction operands, tensor dtypes, size
 storage (constant sizes, arena bounds, alignment) and the memory plan (no two simultaneously-live
 planned tensors overlap). The first problem raises :class:`ProgramLoadError` naming the field.
 
-Bounds (:class:`LoadLimits`) keep a hostile file from asking for unbounded memory; jumps must go
-forward, so a method always terminates. Imports only the standard library and the format.
+Bounds (:class:`LoadLimits`) keep a hostile file from asking for unbounded memory; jumps go
+forward, or back to close a loop (format 3) whose iterations a call bounds, so a method always
+terminates. Imports only the standard library and the format.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exportir.program import planning, schema
+from exportir.program import planning, schema, work
 
 
 class ProgramLoadError(ValueError):
@@ -32,20 +33,76 @@ class ProgramLoadError(ValueError):
         super().__init__(f"{', '.join(where)}: {reason}" if where else reason)
 
 
+class ResourceLimitError(ProgramLoadError):
+    """A program asks for more than a :class:`LoadLimits` bound allows. ``limit`` names the
+    bound (``"max_arena_bytes"``); raise it with ``Program.load(..., limits=LoadLimits(...))``
+    for a file you trust."""
+
+    def __init__(self, reason: str, field: str | None, limit: str, offset: int | None = None
+                 ) -> None:
+        self.limit = limit
+        super().__init__(f"{reason}; {_raise_hint(limit)}", field, offset)
+
+
+def _raise_hint(limit: str) -> str:
+    return (f"if you trust this file, load it with a larger limits=LoadLimits({limit}=...) "
+            "(exportir.program.validate.LoadLimits)")
+
+
 @dataclass(frozen=True, slots=True)
 class LoadLimits:
-    """Upper bounds a loaded program must respect (bytes, elements, counts)."""
+    """Upper bounds a loaded program must respect, so that a small file cannot make the runtime
+    allocate or compute without bound. Each is checked before the resource is used and a breach
+    is a :class:`ResourceLimitError` naming the field. Defaults let any program exportir writes
+    for a model that fits in memory load and run; lower them for files from untrusted sources.
+
+    - ``max_tensor_bytes``: bytes of any one tensor's declared sizes (views included).
+    - ``max_arena_bytes``: planned memory of one method (all its arenas; arenas are committed
+      page by page as the method writes them).
+    - ``max_rank``: dimensions of a tensor.
+    - ``max_structure_bytes``: the structure section after decompression (checked while
+      inflating, whatever the header claims).
+    - ``max_structure_items``: JSON arrays, objects and items of the structure, counted before
+      parsing (a parsed item costs ~50x its bytes).
+    - ``max_dynamic_bytes``: bytes of runtime-allocated tensors (``DynamicStorage``: sizes the
+      plan could not bound) live at once during one call; each such tensor's storage is capped
+      before a kernel writes it, so a kernel asked for more fails before allocating.
+    - ``max_work``: optional budget of one call's work, estimated at load from the planned sizes
+      (dynamic sizes at their upper bounds): multiply-adds for contractions (``mm``, ``bmm``,
+      convolution, attention), elements read and written otherwise. ``None``: no budget.
+      A loop's instructions count once at load; each further iteration is counted while the
+      call runs, and the call stops when the total passes the budget.
+    - ``max_loop_iterations``: iterations of all loops (``map``, ``while_loop``; format 3)
+      together in one call, so a call always terminates.
+    """
 
     max_tensor_bytes: int = 1 << 36
-    max_arena_bytes: int = 1 << 36
+    max_arena_bytes: int = 1 << 34
     max_rank: int = 64
-    max_structure_bytes: int = 1 << 28
+    max_structure_bytes: int = 1 << 26
+    max_structure_items: int = 1 << 22
+    max_dynamic_bytes: int = 1 << 32
+    max_work: int | None = None
+    max_loop_iterations: int = 1 << 24
 
 
 DEFAULT_LIMITS = LoadLimits()
 
 
 _VIEW_BASE_STORAGE = (schema.ConstantData, schema.Allocation, schema.InputStorage)
+
+
+def _bytes(n: int) -> str:
+    """``68719476736 bytes (64.0 GiB)``: exact, and readable."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n} bytes ({n / (1 << shift):.1f} {unit})"
+    return f"{n} bytes"
+
+
+def _short_sizes(sizes: tuple[int, ...]) -> str:
+    text = str(list(sizes))
+    return text if len(text) <= 80 else text[:77] + "...]"
 
 
 def _fail(reason: str, field: str) -> ProgramLoadError:
@@ -89,8 +146,10 @@ class _MethodChecker:
                 raise _fail(f"size {s!r} is not a non-negative int", f"{field}.sizes[{d}]")
             nbytes *= s
             if nbytes > self.limits.max_tensor_bytes:
-                raise _fail(f"tensor exceeds {self.limits.max_tensor_bytes} bytes",
-                            f"{field}.sizes")
+                raise ResourceLimitError(
+                    f"tensor of sizes {_short_sizes(t.sizes)} exceeds "
+                    f"{_bytes(self.limits.max_tensor_bytes)}", f"{field}.sizes",
+                    "max_tensor_bytes")
         if sorted(t.dim_order) != list(range(len(t.sizes))):
             raise _fail(f"dim_order {t.dim_order} is not a permutation of "
                         f"0..{len(t.sizes) - 1}", f"{field}.dim_order")
@@ -206,6 +265,44 @@ class _MethodChecker:
                 raise _fail(f"operator name {op.name!r} is not 'namespace::name'",
                             f"{self.f}.operators[{k}]")
 
+    def input_sizes(self) -> None:
+        """Symbolic input sizes (2.1): one entry per input, per dimension of a tensor input;
+        symbols in range with ``min <= max``; a symbolic dimension only on a dynamic input,
+        whose planned size holds the symbol's whole range (the plan is valid for every size
+        a call may use)."""
+        m, f = self.m, self.f
+        if not m.symbols and not m.input_dims:
+            return
+        if len(m.input_dims) != len(m.inputs):
+            raise _fail(f"{len(m.input_dims)} entries for {len(m.inputs)} inputs",
+                        f"{f}.input_dims")
+        for k, r in enumerate(m.symbols):
+            if not r.name or r.min < 0 or (r.max is not None and r.max < r.min):
+                raise _fail(f"symbol {r.name!r} has no name or an empty range [{r.min}, "
+                            f"{r.max}]", f"{f}.symbols[{k}]")
+        for k, (index, dims) in enumerate(zip(m.inputs, m.input_dims)):
+            v = m.values[index]
+            rank = len(v.sizes) if isinstance(v, schema.Tensor) else 0
+            if len(dims) != rank:
+                raise _fail(f"{len(dims)} dimensions for an input of rank {rank}",
+                            f"{f}.input_dims[{k}]")
+            for d, size in enumerate(dims):
+                if size is not None:
+                    self.input_dim(v, d, size, f"{f}.input_dims[{k}][{d}]")
+
+    def input_dim(self, v: schema.Tensor, d: int, size: schema.DimSize, field: str) -> None:
+        _index(size.symbol, len(self.m.symbols), field, "symbol")
+        r = self.m.symbols[size.symbol]
+        if size.coeff < 1 or size.coeff * r.min + size.offset < 0:
+            raise _fail(f"size {size.coeff}*{r.name} + {size.offset} is negative or has a "
+                        "coefficient below 1", field)
+        if not v.dynamic:
+            raise _fail("a symbolic dimension of a static input", field)
+        if r.max is not None and size.coeff * r.max + size.offset > v.sizes[d]:
+            raise _fail(f"{r.name} up to {r.max} makes dimension {d} "
+                        f"{size.coeff * r.max + size.offset}, beyond its planned size "
+                        f"{v.sizes[d]}", field)
+
     def instruction(self, pc: int, ins: schema.Instruction) -> None:
         field = f"{self.f}.instructions[{pc}]"
         if self.m.debug or ins.debug:
@@ -234,15 +331,27 @@ class _MethodChecker:
             case schema.JumpFalseCall(cond_value=cond, dest=dest):
                 self.value(cond, f"{field}.cond_value", (schema.Bool, schema.Tensor),
                            "a jump condition")
-                if not isinstance(dest, int) or not pc < dest <= len(self.m.instructions):
-                    raise _fail(f"jump target {dest!r} must be forward, in "
-                                f"({pc}, {len(self.m.instructions)}]", f"{field}.dest")
+                self.jump(pc, dest, f"{field}.dest")
             case schema.FreeCall(value=v):
                 v = self.value(v, f"{field}.value", (schema.Tensor,), "a freed value")
                 if not isinstance(self.m.values[v].storage, schema.DynamicStorage):
                     raise _fail("only runtime-allocated tensors may be freed", field)
             case _:
                 raise _fail(f"unknown instruction {type(ins).__name__}", field)
+
+    def jump(self, pc: int, dest: object, field: str) -> None:
+        """Jumps go forward, or (format 3) back to close a loop; a loop runs at most
+        ``max_loop_iterations`` times per call, so every call terminates."""
+        end = len(self.m.instructions)
+        if not isinstance(dest, int) or isinstance(dest, bool):
+            raise _fail(f"jump target {dest!r} is not an instruction index", field)
+        if pc < dest <= end:
+            return
+        if self.program.version < schema.LOOP_FORMAT_VERSION:
+            raise _fail(f"jump target {dest} must be forward, in ({pc}, {end}] (a jump back, a "
+                        f"loop, needs format {schema.LOOP_FORMAT_VERSION})", field)
+        if not 0 <= dest <= pc:
+            raise _fail(f"jump target {dest} is outside [0, {end}]", field)
 
     def plan(self) -> None:
         p = self.m.plan
@@ -252,13 +361,20 @@ class _MethodChecker:
         ):
             raise _fail(f"alignment {p.alignment!r} is not a power of two <= 4096",
                         f"{field}.alignment")
+        cap = self.limits.max_arena_bytes
         for k, size in enumerate(p.arenas):
-            if not isinstance(size, int) or not 0 <= size <= self.limits.max_arena_bytes:
-                raise _fail(f"arena size {size!r} not in [0, {self.limits.max_arena_bytes}]",
+            if not isinstance(size, int) or size < 0:
+                raise _fail(f"arena size {size!r} is not a non-negative int",
                             f"{field}.arenas[{k}]")
-        if sum(p.arenas) > self.limits.max_arena_bytes:
-            raise _fail(f"arenas total more than {self.limits.max_arena_bytes} bytes",
-                        f"{field}.arenas")
+            if size > cap:
+                raise ResourceLimitError(
+                    f"arena {k} of {_bytes(size)} exceeds max_arena_bytes ({_bytes(cap)})",
+                    f"{field}.arenas[{k}]", "max_arena_bytes")
+        total = sum(p.arenas)
+        if total > cap:
+            raise ResourceLimitError(
+                f"the plan asks for {_bytes(total)} of arenas, more than max_arena_bytes "
+                f"({_bytes(cap)})", f"{field}.arenas", "max_arena_bytes")
         if not isinstance(p.lower_bound, int) or p.lower_bound < 0:
             raise _fail(f"lower bound {p.lower_bound!r} is negative", f"{field}.lower_bound")
 
@@ -290,14 +406,34 @@ class _MethodChecker:
         except planning.PlanError as e:
             raise _fail(str(e), f"{self.f}.plan") from None
 
+    def work(self) -> None:
+        """A call's estimated work (:mod:`work`) within the optional ``max_work`` budget."""
+        budget = self.limits.max_work
+        if budget is None:
+            return
+        costs = work.method_work(self.m)
+        total = sum(costs)
+        if total <= budget:
+            return
+        pc = max(range(len(costs)), key=costs.__getitem__)
+        ins = self.m.instructions[pc]
+        what = (str(self.m.operators[ins.op_index]) if isinstance(ins, schema.KernelCall)
+                else type(ins).__name__)
+        raise ResourceLimitError(
+            f"one call does about {total:.3g} element operations, more than max_work "
+            f"({budget:.3g}); the costliest is instruction {pc} ({what}, {costs[pc]:.3g})",
+            f"{self.f}.instructions[{pc}]", "max_work")
+
     def check(self) -> None:
         self.plan()
         self.values()
         self.signature()
+        self.input_sizes()
         if len(self.m.debug) > 0 or self.m.instructions:
             for pc, ins in enumerate(self.m.instructions):
                 self.instruction(pc, ins)
         self.overlaps()
+        self.work()
 
 
 def validate_method(

@@ -35,6 +35,18 @@ class BackendRuntime(Protocol):
     an input or a constant) may say so with a class attribute ``fresh_outputs = True``: a
     result that is only a method output is then handed to the caller as it is, without a
     copy into the arena and a clone out of it. Without it, results are always copied.
+
+    A backend whose ``init`` and ``execute`` may run from several threads at once (a call keeps
+    nothing in the backend or the handle that another call could see) says so with
+    ``thread_safe = True``. Without it, the runtime runs one call of each delegate at a time
+    (per delegate, across every thread calling the method) and copies its results out before
+    the next call starts.
+
+    A backend that takes the program's ``LoadLimits`` declares ``accepts_limits = True``; its
+    ``init`` is then called as ``init(processed, compile_specs, limits=limits)``, and it should
+    keep what a call allocates by argument within ``limits.max_dynamic_bytes``, raising an
+    exception with a ``limit`` attribute naming the field (the runtime reports it as
+    ``ResourceLimitExceeded``).
     """
 
     def init(self, processed: bytes | memoryview, compile_specs: Sequence[object]) -> object: ...

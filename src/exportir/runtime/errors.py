@@ -111,3 +111,26 @@ class UnknownMethodError(KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the whole message
         return str(self.args[0]) if self.args else ""
+
+
+class ResourceLimitExceeded(RuntimeFailure):
+    """A call needed more of a resource than the program's ``LoadLimits`` allow (``limit``
+    names the field, e.g. ``"max_dynamic_bytes"``); nothing was allocated beyond the limit."""
+
+    def __init__(self, site: FailureSite, reason: str, hint: str = "", *, limit: str) -> None:
+        self.limit = limit
+        super().__init__(site, reason, hint)
+
+
+class LimitBreach(ValueError):
+    """Raised inside a step when a limit is reached; the method reports it as
+    :class:`ResourceLimitExceeded` naming the instruction."""
+
+    def __init__(self, reason: str, limit: str) -> None:
+        self.limit = limit
+        super().__init__(reason)
+
+
+def limit_hint(limit: str) -> str:
+    return (f"if you trust this program, load it with a larger limit: "
+            f"Program.load(..., limits=LoadLimits({limit}=...))")

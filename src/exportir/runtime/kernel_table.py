@@ -214,6 +214,8 @@ KERNEL_TABLE: Mapping[str, str] = {
         'aten::hardtanh.out(Tensor self, Scalar min_val=-1, Scalar max_val=1, *, Tensor(a!) out) -> Tensor(a!)',
     'aten::index.Tensor_out':
         'aten::index.Tensor_out(Tensor self, Tensor?[] indices, *, Tensor(a!) out) -> Tensor(a!)',
+    'aten::index_copy.out':
+        'aten::index_copy.out(Tensor self, int dim, Tensor index, Tensor source, *, Tensor(a!) out) -> Tensor(a!)',
     'aten::index_put.out':
         'aten::index_put.out(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False, *, Tensor(a!) out) -> Tensor(a!)',
     'aten::index_select.out':

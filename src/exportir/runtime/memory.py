@@ -1,7 +1,7 @@
 """Tensors over the memory a program describes: planned arenas, constants, runtime allocations.
 
-* Arenas are allocated once per method as ``bytearray`` s (zero-filled, their start aligned to
-  64 bytes). Each planned tensor is ``torch.frombuffer(arena, dtype, count, offset)`` shaped by
+* Arenas are allocated once per method as anonymous private memory maps (zero pages, committed
+  only as the method writes them; their start aligned to 64 bytes). Each planned tensor is ``torch.frombuffer(arena, dtype, count, offset)`` shaped by
   its sizes and the strides its ``dim_order`` implies: a tensor over exactly the bytes of its
   ``Allocation``, with its own **non-resizable** storage. A kernel that tries to write more than
   the plan gave a value (a dynamic size beyond its upper bound) fails instead of spilling into
@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+import mmap
+import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,13 +47,29 @@ def is_contiguous_order(dim_order: Sequence[int]) -> bool:
 
 
 ARENA_ALIGNMENT = 64
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform == "linux" else 0)
+
+
+def reserve(nbytes: int) -> mmap.mmap | bytearray:
+    """``nbytes`` of zeroed, writable memory that costs nothing until written: an anonymous
+    private mapping (page-aligned; the kernel commits a page when it is first touched), or a
+    ``bytearray`` where mappings are not available."""
+    if nbytes == 0:
+        return bytearray(ARENA_ALIGNMENT)
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    if not flags:
+        return bytearray(nbytes + ARENA_ALIGNMENT)
+    try:
+        return mmap.mmap(-1, nbytes, flags=flags | _MAP_NORESERVE)
+    except (OSError, ValueError):
+        return mmap.mmap(-1, nbytes, flags=flags)
 
 
 @dataclass(frozen=True, slots=True)
 class Arena:
     """Planned memory: ``buffer[base:base + size]`` (``base`` aligns the start to 64 bytes)."""
 
-    buffer: bytearray
+    buffer: bytearray | mmap.mmap
     base: int
     size: int
 
@@ -62,15 +80,15 @@ class Arena:
         return torch.frombuffer(self.buffer, dtype=torch.uint8, count=self.size, offset=self.base)
 
 
-def _address(buffer: bytearray) -> int:
+def _address(buffer: bytearray | mmap.mmap) -> int:
     return torch.frombuffer(buffer, dtype=torch.uint8, count=1).data_ptr()
 
 
 def allocate_arenas(sizes: Sequence[int]) -> list[Arena]:
-    """One zero-filled, 64-byte-aligned arena per planned size."""
+    """One zero-filled, 64-byte-aligned arena per planned size, committed as it is written."""
     arenas = []
     for n in sizes:
-        buffer = bytearray(n + ARENA_ALIGNMENT)
+        buffer = reserve(n)
         base = -_address(buffer) % ARENA_ALIGNMENT
         arenas.append(Arena(buffer, base, n))
     return arenas
@@ -126,6 +144,54 @@ def view_tensor(base: torch.Tensor, t: schema.Tensor) -> torch.Tensor:
 def runtime_tensor(t: schema.Tensor) -> torch.Tensor:
     """An empty tensor the runtime owns (``DynamicStorage``); kernels resize it as they write."""
     return torch.empty(0, dtype=torch_dtype(t.dtype))
+
+
+MIN_REGION_BYTES = 1 << 20
+
+
+def _reserve_at_most(nbytes: int) -> tuple[mmap.mmap | bytearray, int]:
+    """A reservation of ``nbytes``, or of the largest half, quarter, ... of it (at least
+    :data:`MIN_REGION_BYTES`) the process may map (an address-space limit, ``ulimit -v``);
+    raises ``MemoryError`` below that."""
+    size = nbytes
+    while True:
+        try:
+            return reserve(size), size
+        except (OSError, MemoryError, OverflowError) as e:
+            if size <= MIN_REGION_BYTES:
+                raise MemoryError(f"cannot reserve {size} bytes of address space: {e}") from e
+            size = max(size // 2, MIN_REGION_BYTES)
+
+
+class Region:
+    """The memory of one runtime-allocated tensor (``DynamicStorage``): ``capacity`` bytes
+    reserved once (less when the process may not map that much: ``capacity`` is what it got)
+    and committed as they are written, behind a storage that cannot grow. A
+    kernel asked to make the tensor larger fails ("not resizable") before allocating anything,
+    so no call can allocate more than the cap for it, whatever sizes the file asks for."""
+
+    __slots__ = ("_buffer", "_storage", "capacity", "tensor")
+
+    def __init__(self, t: schema.Tensor, capacity: int) -> None:
+        self._buffer, self.capacity = _reserve_at_most(capacity)
+        flat = torch.frombuffer(self._buffer, dtype=torch.uint8, count=max(self.capacity, 1))
+        self._storage = flat.untyped_storage()
+        self.tensor = torch.empty(0, dtype=torch_dtype(t.dtype))
+        self.attach()
+
+    def attach(self) -> None:
+        """The tensor back on the region, empty (after a free, a failure, or a kernel that
+        swapped the tensor's storage)."""
+        self.tensor.set_(self._storage, 0, (0,), (1,))
+
+    def release(self) -> None:
+        """``FreeCall``: the tensor emptied and the pages it used given back to the system."""
+        self.attach()
+        if isinstance(self._buffer, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+            self._buffer.madvise(mmap.MADV_DONTNEED)
+
+    def attached(self) -> bool:
+        return self.tensor.untyped_storage().data_ptr() == self._storage.data_ptr()
 
 
 def describe(dtype: torch.dtype | schema.ScalarType, sizes: Sequence[int]) -> str:

@@ -26,22 +26,39 @@ op, the graph node and the user's source line (from the method's debug table).
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
-import operator
+import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exportir.program import schema
+from exportir.program import schema, work
+from exportir.program.validate import ResourceLimitError
 from exportir.runtime import memory, treespec
+from exportir.runtime._steps import (
+    _copy_call,
+    _delegate_call,
+    _delegate_results,
+    _Fresh,
+    _kernel_error,
+    _kernel_step,
+    _Out,
+    _store,
+    _truth,
+)
 from exportir.runtime.errors import (
     FailureSite,
+    LimitBreach,
     MethodInputError,
     MissingKernelError,
+    ResourceLimitExceeded,
     RuntimeFailure,
+    limit_hint,
 )
+from exportir.runtime.inputs import InputSizes, _check_tensor_input, _TensorInput
 from exportir.runtime.kernels import Kernel, canonical_op_name, missing_kernel
 
 if TYPE_CHECKING:
@@ -58,46 +75,42 @@ _SCALAR_TYPES: dict[type, tuple[type, ...]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class _Out:
-    """A tensor an instruction writes: where it lives and what shape it must end with."""
+class MethodState:
+    """One execution state of a method: its planned arenas, value frame and compiled steps.
 
-    value: int
-    tensor: torch.Tensor | None  # None: a caller's input, bound per call (input mutation)
-    sizes: tuple[int, ...]
-    dynamic: bool  # sizes are an upper bound (or unbounded runtime storage)
-    capacity: int | None  # bytes available in the arena; None for runtime-owned storage
-
-
-class Method:
-    """One executable method of a loaded :class:`~exportir.runtime.program.Program`.
-
-    Not thread-safe: a method owns one set of arenas, which every call reuses.
+    Runs one call at a time; :class:`Method` keeps a pool of them so that threads calling one
+    method never share a state.
     """
 
     __slots__ = (
         "_arenas",
         "_calls",
         "_dynamic",
+        "_dynamic_cap",
         "_flatten",
         "_frame",
         "_fresh_box",
         "_fresh_slots",
         "_in_spec",
         "_input_checks",
+        "_input_sizes",
         "_input_views",
         "_lists",
+        "_loop",
+        "_mutated",
         "_out_spec",
         "_planned",
         "_program",
         "_readers",
         "_rebuild",
+        "_regions",
         "_resets",
         "_steps",
         "_straight",
         "_template",
         "_trusted",
         "_verified",
+        "_write_back",
         "meta",
         "name",
     )
@@ -110,6 +123,12 @@ class Method:
         self._planned: list[tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]] = []
         self._lists: dict[int, tuple[int, ...]] = {}
         self._input_views: list[tuple[int, int, schema.Tensor]] = []  # (view, input, meta)
+        self._dynamic_cap = program.limits.max_dynamic_bytes
+        self._mutated: set[int] = set()  # inputs the method writes (found while compiling)
+        self._loop = [0, 0]  # this call's loop iterations and their work (format 3 loops)
+        # (input value, the caller's tensor) to copy a mutation back into after this call
+        self._write_back: list[tuple[int, torch.Tensor]] = []
+        self._regions: dict[int, memory.Region] = {}  # DynamicStorage value -> its memory
         self._template = self._build_values()
         # Values whose Python object changes from call to call: the inputs and their views,
         # and (added while compiling, in schedule order) scalar kernel results and scalar move
@@ -137,6 +156,9 @@ class Method:
                          memory.is_contiguous_order(v.dim_order))
             if isinstance(v, schema.Tensor) else None
             for v in (meta.values[i] for i in meta.inputs)
+        )
+        self._input_sizes = InputSizes.of(
+            meta, tuple(self._input_label(k) for k in range(len(meta.inputs)))
         )
         self._in_spec = treespec.parse(meta.in_spec)
         self._out_spec = treespec.parse(meta.out_spec)
@@ -166,6 +188,9 @@ class Method:
         :class:`RuntimeFailure` when an instruction fails. Output tensors are copies.
         """
         values = self._frame
+        for region in self._regions.values():  # runtime-allocated tensors start each call empty
+            region.tensor.resize_(0)
+        self._loop[0] = self._loop[1] = 0  # loop iterations and their work in this call
         try:
             self._bind_inputs(values, inputs)
             grad = torch.is_grad_enabled()
@@ -173,10 +198,13 @@ class Method:
             try:
                 trusted = self._verified
                 self._run(values)
+                for index, original in self._write_back:  # mutations of copied inputs
+                    original.copy_(values[index])
                 return self._outputs(values, trusted)
             finally:
                 _set_grad_enabled(grad)
         finally:  # the frame keeps no input, view of one or scalar result past the call
+            self._write_back.clear()
             for index, value in self._resets:
                 values[index] = value
 
@@ -194,7 +222,7 @@ class Method:
 
     def __repr__(self) -> str:
         return (
-            f"Method({self.name!r}, inputs={len(self.meta.inputs)}, "
+            f"MethodState({self.name!r}, inputs={len(self.meta.inputs)}, "
             f"outputs={len(self.meta.outputs)}, instructions={self.num_instructions}, "
             f"arenas={list(self.meta.plan.arenas)})"
         )
@@ -258,8 +286,15 @@ class Method:
                 return view
             case schema.InputStorage() | schema.ViewOf():
                 return None  # bound per call; views: built once their base is
-            case schema.DynamicStorage():
-                return memory.runtime_tensor(t)
+            case schema.DynamicStorage():  # capped: see memory.Region
+                try:
+                    region = self._regions[index] = memory.Region(t, self._dynamic_cap)
+                except MemoryError as e:
+                    raise ResourceLimitError(
+                        f"no memory for runtime-allocated value {index}: {e}",
+                        f"methods[{self.meta.name!r}].values[{index}]", "max_dynamic_bytes",
+                    ) from None
+                return region.tensor
         raise self._failure(None, f"value {index} has unknown storage {t.storage!r}")
 
     def _resolve(self, values: list[Any], index: int) -> Any:
@@ -284,15 +319,46 @@ class Method:
             case schema.MoveCall(src=src, dst=dst):
                 return self._compile_move(pc, src, dst)
             case schema.JumpFalseCall(cond_value=cond, dest=dest):
+                if dest <= pc:
+                    return self._compile_loop_jump(pc, cond, dest)
                 return lambda values: nxt if _truth(values[cond]) else dest
             case schema.FreeCall(value=v):
 
+                region = self._regions[v]
+
                 def free(values: list[Any]) -> int:
-                    values[v].set_()  # drop the runtime-owned storage, keep the tensor object
+                    region.release()  # empty, its pages given back; the tensor object stays
                     return nxt
 
                 return free
         raise self._failure(pc, f"unknown instruction {type(ins).__name__}")
+
+    def _compile_loop_jump(self, pc: int, cond: int, dest: int) -> Step:
+        """The jump back closing a loop (format 3): counts the call's iterations against
+        ``max_loop_iterations`` and, with a ``max_work`` budget, the work of each further
+        iteration of the loop's body against it (its first counted at load)."""
+        nxt = pc + 1
+        limits = self._program.limits
+        cap, budget = limits.max_loop_iterations, limits.max_work
+        body = sum(work.method_work(self.meta)[dest:pc + 1]) if budget is not None else 0
+        base = sum(work.method_work(self.meta)) if budget is not None else 0
+        loop = self._loop
+
+        def back(values: list[Any]) -> int:
+            if _truth(values[cond]):
+                return nxt
+            loop[0] += 1
+            if loop[0] > cap:
+                raise LimitBreach(f"the call's loops ran more than max_loop_iterations ({cap}) "
+                                  "iterations", "max_loop_iterations")
+            if budget is not None:
+                loop[1] += body
+                if base + loop[1] > budget:
+                    raise LimitBreach(f"the call's work passed max_work ({budget:.3g}) after "
+                                      f"{loop[0]} loop iterations", "max_work")
+            return dest
+
+        return back
 
     def _compile_kernel(self, pc: int, op: schema.Operator, args: tuple[int, ...]) -> Step:
         name = canonical_op_name(op.name, op.overload)
@@ -445,13 +511,17 @@ class Method:
         outs = self._writes(pc, outputs)
         nxt = pc + 1
         resolve = self._resolve
+        # a backend that is not thread-safe runs one call at a time (results are copied out
+        # of whatever buffer it reuses before the next call may start)
+        lock = self._program._delegate_lock(index)
 
         def step(values: list[Any]) -> int:
-            results = _delegate_results(
-                backend.execute(handle, [resolve(values, i) for i in args]), len(outs)
-            )
-            for out, got in zip(outs, results):
-                _store(out, got, values)
+            with lock:
+                results = _delegate_results(
+                    backend.execute(handle, [resolve(values, i) for i in args]), len(outs)
+                )
+                for out, got in zip(outs, results):
+                    _store(out, got, values)
             return nxt
 
         # A backend promising new tensors on every call (``fresh_outputs``) hands a result
@@ -463,7 +533,8 @@ class Method:
         ]
         if any(direct) and all(self._static_shape(i) for i in (*args, *outputs)):
             handed = [self._fresh_box_slot(out.value) if d else None for out, d in zip(outs, direct)]
-            self._trusted[pc] = (_delegate_call(backend, handle, args, outs, handed, self), outs)
+            call = _delegate_call(backend, handle, args, outs, handed, self)
+            self._trusted[pc] = (_locked(call, lock), outs)
         return step
 
     def _fresh_box_slot(self, index: int) -> int:
@@ -494,11 +565,13 @@ class Method:
                     "read-only; the program is malformed)"
                 )
             if isinstance(t.storage, schema.InputStorage):  # input mutation: the caller's tensor
+                self._mutated.add(i)
                 outs.append(_Out(i, None, t.sizes, t.dynamic, None))
                 continue
-            capacity = t.storage.nbytes if isinstance(t.storage, schema.Allocation) else None
-            dynamic = t.dynamic or isinstance(t.storage, schema.DynamicStorage)
-            outs.append(_Out(i, self._template[i], t.sizes, dynamic, capacity))
+            runtime = isinstance(t.storage, schema.DynamicStorage)
+            capacity = self._regions[i].capacity if runtime else t.storage.nbytes
+            dynamic = t.dynamic or runtime
+            outs.append(_Out(i, self._template[i], t.sizes, dynamic, capacity, runtime))
         return tuple(outs)
 
     # -- running ---------------------------------------------------------------------------------
@@ -553,13 +626,29 @@ class Method:
     def _failed(self, pc: int, exc: Exception) -> RuntimeFailure:
         """The :class:`RuntimeFailure` for ``exc``, raised by instruction ``pc``; resets."""
         self._reset()
+        limit = getattr(exc, "limit", None)  # LimitBreach, or a backend's limit error
+        if isinstance(exc, LimitBreach) or isinstance(limit, str):
+            return ResourceLimitExceeded(self._site(pc), str(exc), limit_hint(limit),
+                                         limit=limit)
         return self._failure(pc, f"{type(exc).__name__}: {exc}")
 
     def _reset(self) -> None:
-        """After a failed run: planned layouts back, and the next run runs checked."""
+        """After a failed run: planned layouts back, runtime-allocated tensors emptied, and the
+        next run runs checked."""
         self._verified = False
         self._restore_layouts()
+        for region in self._regions.values():
+            region.attach()
         self._fresh_box[:] = [None] * len(self._fresh_box)
+
+    def _check_dynamic(self) -> None:
+        """Runtime-allocated tensors hold at most ``max_dynamic_bytes`` together."""
+        total = sum(r.tensor.nbytes if r.attached() else r.tensor.untyped_storage().nbytes()
+                    for r in self._regions.values())
+        if total > self._dynamic_cap:
+            raise LimitBreach(
+                f"runtime-allocated tensors hold {total} bytes, more than max_dynamic_bytes "
+                f"({self._dynamic_cap})", "max_dynamic_bytes")
 
     def _restore_layouts(self) -> None:
         """Give every planned tensor back its planned shape after a failed run (a kernel may
@@ -620,9 +709,26 @@ class Method:
             if check is not None and check.accepts(given):
                 values[index] = given  # the fast path: exactly what the method was built for
             else:
-                values[index] = self._check_input(k, self.meta.values[index], given)
+                bound = values[index] = self._check_input(k, self.meta.values[index], given)
+                if index in self._mutated and not _same_memory(bound, given):
+                    self._write_back.append((index, self._writable(k, given)))
+        if self._input_sizes is not None:
+            self._input_sizes.check(values, expected)
         for view, base, meta in self._input_views:  # inputs are contiguous when viewed
             values[view] = memory.view_tensor(values[base], meta)
+
+    def _writable(self, k: int, given: torch.Tensor) -> torch.Tensor:
+        """The caller's tensor an input mutation is copied back into after the call (the
+        method ran on a contiguous copy); refused, as eager refuses the in-place write, when
+        its elements overlap in memory."""
+        if torch._debug_has_internal_overlap(given) == 1:
+            raise MethodInputError(
+                f"method {self.name!r}: input {k} ({self._input_label(k)}) is written by the "
+                f"method (an in-place op on it in the model) but several of its elements share "
+                f"memory (strides {tuple(given.stride())}, e.g. an expand); eager PyTorch refuses "
+                "that in-place write too: pass a tensor that owns its elements (.clone())"
+            )
+        return given
 
     def _check_input(self, k: int, v: schema.EValue, given: Any) -> Any:
         label = f"method {self.name!r}: input {k} ({self._input_label(k)})"
@@ -666,25 +772,100 @@ class Method:
         return RuntimeFailure(self._site(pc), reason, hint)
 
 
-@dataclass(frozen=True, slots=True)
-class _TensorInput:
-    """What a tensor input must be to be used as given (no conversion, no error)."""
+class Method:
+    """One executable method of a loaded :class:`~exportir.runtime.program.Program`.
 
-    dtype: torch.dtype
-    sizes: tuple[int, ...]
-    dynamic: bool
-    contiguous: bool
+    Calls may come from many threads at once: each call runs on an execution state
+    (:class:`MethodState`: arenas, value frame, compiled steps) taken from the method's pool
+    and given back when the call returns; a state is made when every one is busy, so a method
+    keeps as many as it ever had concurrent calls. A method with mutable state (buffers it
+    updates, kept across calls) runs one call at a time, in the order the calls take its lock,
+    as if one thread made them. A delegate whose backend does not declare
+    ``thread_safe = True`` runs one call at a time (its own lock).
+    """
 
-    def accepts(self, given: Any) -> bool:
+    __slots__ = ("_idle", "_lock", "_program", "_state", "meta", "name")
+
+    def __init__(self, program: Program, meta: schema.Method) -> None:
+        self.name = meta.name
+        self.meta = meta
+        self._program = program
+        self._state = MethodState(program, meta)  # made now: a missing kernel fails at load
+        self._idle = collections.deque([self._state])
+        stateful = any(isinstance(v, schema.Tensor) and v.initial is not None for v in meta.values)
+        self._lock = threading.Lock() if stateful else None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run with the model's own calling convention; returns outputs structured as the
+        model returned them (a flat tuple when the program has no output spec)."""
+        state = self._state
+        outputs = self.execute(state._flatten_inputs(args, kwargs))
+        if state._rebuild is not None:
+            return state._rebuild(outputs)
+        return outputs
+
+    def execute(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
+        """Run with the flat inputs (one per ``meta.inputs``); returns the flat outputs.
+
+        Raises :class:`MethodInputError` for inputs that do not match the method and
+        :class:`RuntimeFailure` when an instruction fails. Output tensors are copies.
+        """
+        if self._lock is not None:
+            with self._lock:
+                return self._state.execute(inputs)
+        idle = self._idle
+        try:
+            state = idle.pop()
+        except IndexError:  # every state is running a call: one more
+            state = MethodState(self._program, self.meta)
+        try:
+            return state.execute(inputs)
+        finally:
+            idle.append(state)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self.meta.input_names
+
+    @property
+    def num_instructions(self) -> int:
+        return len(self.meta.instructions)
+
+    @property
+    def arena_bytes(self) -> tuple[int, ...]:
+        return tuple(self.meta.plan.arenas)
+
+    @property
+    def num_states(self) -> int:
+        """How many execution states the method holds (at least 1; one per concurrent call)."""
+        return len(self._idle) if self._lock is None else 1
+
+    def __repr__(self) -> str:
         return (
-            isinstance(given, torch.Tensor)
-            and given.dtype == self.dtype
-            and not self.dynamic
-            and given.shape == self.sizes
-            and given.is_cpu
-            and not given.requires_grad
-            and (not self.contiguous or given.is_contiguous())
+            f"Method({self.name!r}, inputs={len(self.meta.inputs)}, "
+            f"outputs={len(self.meta.outputs)}, instructions={self.num_instructions}, "
+            f"arenas={list(self.meta.plan.arenas)})"
         )
+
+
+def _same_memory(bound: Any, given: Any) -> bool:
+    """Whether the value bound for a tensor input is the caller's tensor's memory as given."""
+    return not isinstance(given, torch.Tensor) or (
+        isinstance(bound, torch.Tensor)
+        and bound.data_ptr() == given.data_ptr()
+        and bound.stride() == given.stride()
+    )
+
+
+def _locked(call: Callable[[], object], lock: Any) -> Callable[[], object]:
+    if isinstance(lock, contextlib.nullcontext):
+        return call
+
+    def locked() -> object:
+        with lock:
+            return call()
+
+    return locked
 
 
 _SCALAR_SAMPLES: dict[type, Any] = {
@@ -695,56 +876,6 @@ _SCALAR_SAMPLES: dict[type, Any] = {
 }
 
 _set_grad_enabled = torch._C._set_grad_enabled  # torch.set_grad_enabled, without its object
-
-
-def _truth(value: Any) -> bool:
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise ValueError(f"jump condition is a tensor of {value.numel()} elements")
-        return bool(value.item())
-    return bool(value)
-
-
-def _store(out: _Out, value: Any, values: list[Any]) -> None:
-    """Copy ``value`` into the tensor ``out`` describes (its planned or owned memory)."""
-    dst = out.tensor if out.tensor is not None else values[out.value]
-    if not isinstance(value, torch.Tensor):
-        dst.fill_(value)
-        return
-    if dst.shape != value.shape:
-        if not out.dynamic:
-            raise ValueError(
-                f"result of shape {tuple(value.shape)} does not fit value {out.value} "
-                f"(planned shape {out.sizes})"
-            )
-        dst.resize_(0)
-        dst.resize_(value.shape)
-        _check_capacity(out, dst)
-    dst.copy_(value)
-
-
-def _check_capacity(out: _Out, tensor: torch.Tensor) -> None:
-    if out.capacity is None:
-        return
-    used = tensor.numel() * tensor.element_size()
-    if used > out.capacity:
-        raise ValueError(
-            f"value {out.value} grew to shape {tuple(tensor.shape)} ({used} bytes), beyond "
-            f"its planned upper bound {out.sizes} ({out.capacity} bytes); {_BOUND_HINT}"
-        )
-
-
-_BOUND_HINT = (
-    "call with inputs within the sizes the method was exported for, or export with a larger "
-    "max in dynamic_shapes"
-)
-
-
-def _overflow(outs: Sequence[_Out]) -> ValueError:
-    planned = ", ".join(f"value {o.value} {o.sizes}" for o in outs)
-    return ValueError(
-        f"a result needs more memory than the plan gives it (planned: {planned}); {_BOUND_HINT}"
-    )
 
 
 def _mentions(meta: schema.Method, lists: dict[int, tuple[int, ...]]) -> collections.Counter[int]:
@@ -785,260 +916,3 @@ def _mentions(meta: schema.Method, lists: dict[int, tuple[int, ...]]) -> collect
     return counts
 
 
-def _copy_call(
-    frame: list[Any], src: int, changing: bool, target: _Out
-) -> Callable[[], object]:
-    """``target``'s tensor ``copy_`` from value ``src`` (each read from ``frame`` per call
-    when it changes between calls: ``changing``, or a caller's input as the target)."""
-    source = frame[src]
-    if target.tensor is None:
-        dst = target.value
-        if changing:
-            return lambda: frame[dst].copy_(frame[src])
-        return lambda: frame[dst].copy_(source)
-    if changing:
-        copy = target.tensor.copy_
-        return lambda: copy(frame[src])
-    return functools.partial(target.tensor.copy_, source)
-
-
-def _kernel_error(exc: Exception, outs: Sequence[_Out]) -> Exception:
-    """A kernel's exception as the runtime reports it (planned tensors have fixed-size storage:
-    "not resizable" means a result outgrew its plan)."""
-    if isinstance(exc, RuntimeError) and "not resizable" in str(exc):
-        error = _overflow(outs)
-        error.__cause__ = exc
-        return error
-    return exc
-
-
-def _kernel_step(
-    method: Method,
-    pc: int,
-    kernel: Kernel,
-    operands: tuple[int, ...],
-    outs: tuple[_Out, ...],
-    result: int | None,
-    result_out: tuple[_Out, ...],
-    fresh: _Fresh | None = None,
-) -> tuple[Step, Callable[[], object], bool]:
-    """The checked step running one kernel, the bare call for the trusted loop, and whether
-    that call writes a fresh tensor (``fresh``) instead of the planned out.
-
-    The kernel is bound once (:meth:`Kernel.bind`) to every argument that never changes; the
-    ones that do (inputs, their views, scalar results) are passed per call. The step resets
-    dynamic outputs to zero elements (ATen then resizes them without a warning), calls, checks
-    that every output has the shape the plan gave it and stayed within its planned bytes, and
-    stores a returned value. The bare call only calls (on the method's frame).
-    """
-    nxt = pc + 1
-    converters = dict(kernel.converters)
-    args = [method._fixed(i) for i in operands]
-    for p, convert in converters.items():
-        if p < len(args):
-            args[p] = convert(args[p])
-    changing = [p for p, i in enumerate(operands) if method._changing(i)]
-    for p in changing:  # what the calls will pass, for the binder to pick its entry
-        args[p] = method._sample(operands[p])
-    unread = [p for p in kernel.writes if method._unread(operands[p])]
-    bound = kernel.bind(args, changing, unread)
-    invoke = _invoker(method, bound, operands, changing, converters)
-    reads = tuple(operands[p] for p in changing)  # plain values, when invoke is None
-    call = _frame_call(bound, method._frame, reads) if invoke is None else functools.partial(
-        invoke, method._frame
-    )
-    runner = kernel.bind_functional(args, changing) if fresh and not invoke else None
-    if runner is not None:
-        call = _fresh_call(runner, method._frame, reads, fresh)
-    # outputs that are caller inputs (tensor None) are the caller's business: not checked
-    dynamic_outs = tuple(o for o in outs if o.dynamic and o.tensor is not None)
-    static_outs = tuple(
-        (o.tensor, torch.Size(o.sizes), o) for o in outs if not o.dynamic and o.tensor is not None
-    )
-
-    def step(values: list[Any]) -> int:
-        for o in dynamic_outs:
-            o.tensor.resize_(0)
-        try:
-            if invoke is not None:
-                returned = invoke(values)
-            else:
-                returned = bound(*[values[i] for i in reads])
-        except Exception as exc:
-            error = _kernel_error(exc, outs)
-            if error is exc:
-                raise
-            raise error from exc
-        for tensor, size, o in static_outs:
-            # emptying an out is harmless (batch norm's unused save_mean / save_invstd)
-            if tensor.shape != size and tensor.numel() != 0:
-                raise ValueError(
-                    f"kernel resized value {o.value} to {tuple(tensor.shape)}; the plan "
-                    f"gives it {o.sizes}"
-                )
-        for o in dynamic_outs:
-            _check_capacity(o, o.tensor)
-        if result is not None:
-            if result_out:
-                _store(result_out[0], returned, values)
-            else:
-                values[result] = returned
-        return nxt
-
-    return step, call, runner is not None
-
-
-def _frame_call(
-    bound: Callable[..., object], frame: list[Any], reads: tuple[int, ...]
-) -> Callable[[], object]:
-    """``bound`` called with the values at ``reads`` in ``frame``, as they are when called."""
-    match reads:
-        case ():
-            return bound
-        case (i,):
-            return lambda: bound(frame[i])
-        case (i, j):
-            return lambda: bound(frame[i], frame[j])
-    return lambda: bound(*[frame[i] for i in reads])
-
-
-@dataclass(frozen=True, slots=True)
-class _Fresh:
-    """A method output a trusted call computes as a new tensor (the kernel's functional entry,
-    :meth:`Kernel.bind_functional`) instead of writing the arena and cloning: the call leaves it
-    in ``box[slot]`` for the outputs to take."""
-
-    box: list[torch.Tensor | None]
-    slot: int
-
-
-def _delegate_results(results: Sequence[Any], expected: int) -> Sequence[Any]:
-    if len(results) != expected:
-        raise ValueError(f"delegate returned {len(results)} outputs; the program expects {expected}")
-    return results
-
-
-def _delegate_call(
-    backend: Any,
-    handle: Any,
-    args: tuple[int, ...],
-    outs: tuple[_Out, ...],
-    handed: list[int | None],
-    method: Method,
-) -> Callable[[], object]:
-    """The trusted call of a delegate: results the caller may take as they are (``handed``:
-    their slot in the fresh box) go there once their shape and dtype are the plan's; the
-    others are copied into their planned memory as on checked runs."""
-    frame, box, resolve = method._frame, method._fresh_box, method._resolve
-    plan = [
-        (out, slot, torch.Size(out.sizes), None if out.tensor is None else out.tensor.dtype)
-        for out, slot in zip(outs, handed)
-    ]
-    if any(i in method._lists for i in args):
-        def inputs() -> list[Any]:
-            return [resolve(frame, i) for i in args]
-    else:  # plain values: read straight from the frame
-        getter = operator.itemgetter(*args) if args else (lambda _: ())
-        one = len(args) == 1
-
-        def inputs() -> list[Any]:
-            got = getter(frame)
-            return [got] if one else list(got)
-
-    def call() -> None:
-        results = _delegate_results(backend.execute(handle, inputs()), len(plan))
-        for (out, slot, size, dtype), got in zip(plan, results):
-            if (
-                slot is not None and isinstance(got, torch.Tensor)
-                and got.shape == size and got.dtype == dtype
-            ):
-                box[slot] = got
-            else:
-                _store(out, got, frame)
-                if slot is not None:  # not as planned after all: the caller gets a copy
-                    box[slot] = out.tensor.clone()
-
-    return call
-
-
-def _fresh_call(
-    runner: Callable[..., Any], frame: list[Any], reads: tuple[int, ...], fresh: _Fresh
-) -> Callable[[], object]:
-    """``runner`` (returning the result, taking the values at ``reads``) into ``fresh``."""
-    box, slot = fresh.box, fresh.slot
-    match reads:
-        case ():
-
-            def call() -> None:
-                box[slot] = runner()
-
-        case (i,):
-
-            def call() -> None:
-                box[slot] = runner(frame[i])
-
-        case (i, j):
-
-            def call() -> None:
-                box[slot] = runner(frame[i], frame[j])
-
-        case _:
-
-            def call() -> None:
-                box[slot] = runner(*[frame[i] for i in reads])
-
-    return call
-
-
-def _invoker(
-    method: Method,
-    bound: Callable[..., object],
-    operands: tuple[int, ...],
-    changing: list[int],
-    converters: dict[int, Any],
-) -> Callable[[list[Any]], object] | None:
-    """``bound`` called with the changing arguments read from ``values``; ``None`` when they
-    are plain values (no list, no conversion: the callers read them themselves, faster)."""
-    if all(p not in converters and operands[p] not in method._lists for p in changing):
-        return None
-    resolve = method._resolve
-    reads = [(operands[p], converters.get(p)) for p in changing]
-
-    def invoke(values: list[Any]) -> object:
-        given = []
-        for index, convert in reads:
-            value = resolve(values, index)
-            given.append(value if convert is None else convert(value))
-        return bound(*given)
-
-    return invoke
-
-
-def _check_tensor_input(label: str, v: schema.Tensor, given: Any) -> torch.Tensor:
-    want = memory.describe(v.dtype, v.sizes)
-    if not isinstance(given, torch.Tensor):
-        raise MethodInputError(f"{label} must be a tensor {want}; got {type(given).__name__}")
-    dtype = memory.torch_dtype(v.dtype)
-    shape = tuple(given.shape)
-    got = memory.describe(given.dtype, shape)
-    bound = " (upper bounds)" if v.dynamic else ""
-    if given.dtype != dtype:
-        raise MethodInputError(
-            f"{label} must have dtype {str(dtype).removeprefix('torch.')}; got {got} "
-            f"(expected {want}{bound}); convert it with .to({dtype})"
-        )
-    if len(shape) != len(v.sizes):
-        raise MethodInputError(f"{label} must have rank {len(v.sizes)}: expected {want}{bound}, "
-                               f"got {got}")
-    if not v.dynamic and shape != tuple(v.sizes):
-        raise MethodInputError(
-            f"{label} has shape {got}; the method was exported for {want} (static shape); "
-            "export with dynamic_shapes to accept other sizes"
-        )
-    if given.device.type != "cpu":
-        raise MethodInputError(f"{label} is on {given.device}; the runtime runs on cpu")
-    if given.requires_grad:
-        given = given.detach()
-    if memory.is_contiguous_order(v.dim_order) and not given.is_contiguous():
-        given = given.contiguous()
-    return given

@@ -16,8 +16,10 @@ arenas, allocated once.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
+import threading
 from typing import Any
 
 import torch
@@ -56,10 +58,13 @@ class Program:
     __slots__ = (
         "_constants",
         "_handles",
+        "_locks",
         "_mapping",
         "_methods",
+        "_methods_lock",
         "delegates",
         "kernels",
+        "limits",
         "schema",
         "source",
     )
@@ -76,6 +81,7 @@ class Program:
     ) -> None:
         """Wrap an already validated ``schema.Program``; prefer :meth:`load`/:meth:`from_schema`."""
         self.schema = program
+        self.limits = limits
         self.kernels = kernels if kernels is not None else default_kernel_registry()
         self.delegates = delegates if delegates is not None else default_delegate_registry()
         self.source = source
@@ -83,6 +89,8 @@ class Program:
         self._constants: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
         self._handles: list[tuple[BackendRuntime, Any] | None] = [None] * len(program.delegates)
         self._methods: dict[str, Method] = {}
+        self._methods_lock = threading.Lock()
+        self._locks: list[threading.Lock | contextlib.nullcontext[None]] = []
         typecheck.check_program(program, self.kernels, limits)
         self._init_delegates()
 
@@ -143,7 +151,10 @@ class Program:
             return found
         for meta in self.schema.methods:
             if meta.name == name:
-                found = self._methods[name] = Method(self, meta)
+                with self._methods_lock:  # threads asking at once share one Method
+                    found = self._methods.get(name)
+                    if found is None:
+                        found = self._methods[name] = Method(self, meta)
                 return found
         names = ", ".join(repr(n) for n in self.method_names) or "none"
         raise UnknownMethodError(f"program has no method {name!r}; its methods: {names}")
@@ -170,6 +181,11 @@ class Program:
         delegates = self.schema.delegates
         return delegates[index].backend_id if 0 <= index < len(delegates) else f"#{index}"
 
+    def _delegate_lock(self, index: int) -> threading.Lock | contextlib.nullcontext[None]:
+        """What a call of delegate ``index`` holds while it runs: the delegate's own lock,
+        unless its backend declares ``thread_safe = True``."""
+        return self._locks[index]
+
     def _delegate(self, index: int, site: FailureSite) -> tuple[BackendRuntime, Any]:
         entry = self._handles[index]
         if entry is None:  # cannot happen after _init_delegates; kept for direct callers
@@ -190,13 +206,19 @@ class Program:
                     field=f"delegates[{index}].backend_id",
                 )
             try:
-                handle = backend.init(d.data, d.compile_specs)
+                if getattr(backend, "accepts_limits", False):
+                    handle = backend.init(d.data, d.compile_specs, limits=self.limits)
+                else:
+                    handle = backend.init(d.data, d.compile_specs)
             except Exception as exc:
                 raise DelegateInitError(
                     site, f"backend {d.backend_id!r} failed to initialise delegate {index}: "
                     f"{type(exc).__name__}: {exc}", field=f"delegates[{index}].data",
                 ) from exc
             self._handles[index] = (backend, handle)
+            self._locks.append(
+                _UNLOCKED if getattr(backend, "thread_safe", False) else threading.Lock()
+            )
 
     def _delegate_site(self, index: int) -> FailureSite:
         """The first instruction calling delegate ``index`` (for error messages)."""
@@ -209,6 +231,9 @@ class Program:
                         entry.node_name if entry else None, entry.source if entry else None,
                     )
         return FailureSite("<program>", None, f"delegate {self._backend_id(index)}")
+
+
+_UNLOCKED = contextlib.nullcontext()
 
 
 def _map_file(path: str) -> mmap.mmap | bytes:

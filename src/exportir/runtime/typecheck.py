@@ -21,8 +21,8 @@ it would call:
   sizes when both are static); a tensor jump condition has one element;
 - **inputs and specs**: every tensor with input storage is one of the method's inputs, and
   the input / output specs parse;
-- **define before use** (:func:`defined_before_use`): along every path through the jumps, no
-  instruction reads a tensor of planned or runtime-owned memory before something wrote it,
+- **define before use** (:func:`defined_before_use`): along every path through the jumps (back
+  jumps of loops included), no instruction reads a tensor of planned or runtime-owned memory before something wrote it,
   and every output is written by the end.
 
 Every problem raises ``ProgramLoadError`` naming the field (``methods[0].instructions[3].args
@@ -31,6 +31,7 @@ Every problem raises ``ProgramLoadError`` naming the field (``methods[0].instruc
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -355,23 +356,64 @@ def _effects(
     return [], [], []
 
 
+def _leaders(method: schema.Method) -> list[int]:
+    """First instructions of the basic blocks: 0, every jump target, every instruction after a
+    jump (and the end, ``len(instructions)``)."""
+    n = len(method.instructions)
+    leaders = {0, n}
+    for pc, ins in enumerate(method.instructions):
+        if isinstance(ins, schema.JumpFalseCall):
+            leaders.update((ins.dest, pc + 1))
+    return sorted(x for x in leaders if 0 <= x <= n)
+
+
 def defined_before_use(
     method: schema.Method, kernels: Sequence[Kernel], f: str, written: set[int] | None = None
 ) -> None:
     """Raise ``ProgramLoadError`` if some path through the method reads a tensor of planned or
     runtime-owned memory before an instruction wrote it, or ends without writing an output.
 
-    Jumps only go forward, so one pass suffices: the tensors defined on entry to an instruction
-    are those defined on every path reaching it (the fall-through, and each jump to it)."""
+    A must-be-defined dataflow over basic blocks: the tensors defined on entry to a block are
+    those defined on every path reaching it (the fall-through and each jump to it, forward or
+    back). Blocks are revisited, lowest first, until the entry sets stop shrinking; without a
+    jump back that is one pass."""
     flow = _Flow(method)
     if written is None:
         written = _scalar_targets(method, kernels)
-    pending: dict[int, set[int]] = {}  # jump target -> tensors defined on every jump to it
-    defined: set[int] | None = _initially_defined(method)
-    for pc, ins in enumerate(method.instructions):
-        defined = _join(defined, pending.pop(pc, None))
-        if defined is None:
-            continue  # unreachable
+    n = len(method.instructions)
+    leaders = _leaders(method)
+    block_end = dict(zip(leaders, [*leaders[1:], n]))
+    entry: dict[int, set[int]] = {0: _initially_defined(method)}
+    work = [0]
+    while work:
+        start = heapq.heappop(work)
+        if start == n:
+            continue
+        defined = set(entry[start])
+        for target, out in _run_block(method, flow, kernels, start, block_end[start], defined,
+                                      written, f):
+            joined = out if target not in entry else entry[target] & out
+            if target not in entry or joined != entry[target]:
+                entry[target] = joined if target in entry else set(out)
+                if target not in work:
+                    heapq.heappush(work, target)
+    end = entry.get(n)
+    if end is None:
+        return
+    for k, output in enumerate(method.outputs):
+        for i in flow.tensors((output,)):
+            if i not in end:
+                raise ProgramLoadError(f"output value {output} is not written on every path "
+                                       "through the method", f"{f}.outputs[{k}]")
+
+
+def _run_block(method: schema.Method, flow: _Flow, kernels: Sequence[Kernel], start: int,
+               stop: int, defined: set[int], written: set[int], f: str
+               ) -> list[tuple[int, set[int]]]:
+    """Check the reads of instructions ``start..stop-1`` (``defined``: on entry, updated in
+    place); the successors with what is defined on the way to each."""
+    for pc in range(start, stop):
+        ins = method.instructions[pc]
         reads, writes, frees = _effects(flow, ins, kernels)
         for i in reads:
             if i not in defined:
@@ -382,23 +424,9 @@ def defined_before_use(
         defined.update(writes)
         defined.difference_update(frees)
         if isinstance(ins, schema.JumpFalseCall):
-            pending[ins.dest] = _join(pending.get(ins.dest), set(defined)) or set()
             if _unconditional(method, ins.cond_value, written):
-                defined = None
-    end = _join(defined, pending.pop(len(method.instructions), None))
-    if end is None:
-        return
-    for k, output in enumerate(method.outputs):
-        for i in flow.tensors((output,)):
-            if i not in end:
-                raise ProgramLoadError(f"output value {output} is not written on every path "
-                                       "through the method", f"{f}.outputs[{k}]")
+                return [(ins.dest, defined)]
+            return [(ins.dest, set(defined)), (pc + 1, defined)]
+    return [(stop, defined)]
 
 
-def _join(a: set[int] | None, b: set[int] | None) -> set[int] | None:
-    """Tensors defined on both paths (``None``: the path does not reach here)."""
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return a & b

@@ -154,6 +154,7 @@ class ShapeEnv:
         self.var_to_hint: dict[sympy.Symbol, int] = {}
         self.var_to_range: dict[sympy.Symbol, ValueRanges] = {}
         self.var_to_sources: dict[sympy.Symbol, list[str]] = {}
+        self.var_to_name: dict[sympy.Symbol, str] = {}  # the user's Dim name of a symbol
         self.guards: list[Guard] = []
         self.deferred_runtime_asserts: list[RuntimeAssert] = []
         self.replacements: dict[sympy.Symbol, sympy.Expr] = {}
@@ -379,6 +380,12 @@ class ShapeEnv:
             return static
         if hint is None:
             hint = self.hint_of(expr, bool if _is_bool(expr) else int)
+        if fallback_value is not None and hint == fallback_value:
+            # guard_or_true / guard_or_false: the caller is correct whichever way an undecided
+            # condition goes, and its default is the example's answer: no guard needed. (torch
+            # records one, narrowing the range: a `mask[:T]` contiguity check on a 128-row
+            # buffer made T=128 unreachable although the program is valid there.)
+            return fallback_value
         if hint is None:
             if fallback_value is not None:
                 return fallback_value

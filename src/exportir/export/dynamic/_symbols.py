@@ -63,6 +63,8 @@ class _SymbolMaker:
 
     def _info(self, symbol: sympy.Symbol, hint: int, sources: tuple, spec: DimSpec, phantom=False):
         self.infos.append(SymbolInfo(symbol, hint, sources, spec, phantom))
+        if spec.kind == "named" and spec.name:  # for errors naming the user's Dim later
+            self.shape_env.var_to_name[symbol] = spec.name
 
     def _plain(self, r: DimRequest) -> None:
         spec = r.spec

@@ -24,6 +24,7 @@ from exportir.export.serialize.common import (
     FORMAT_MINOR,
     FORMAT_NAME,
     LIMITS,
+    SerializationError,
     as_dict,
     as_int,
     as_list,
@@ -34,7 +35,8 @@ from exportir.export.serialize.common import (
     loads_json,
 )
 
-__all__ = ["MANIFEST", "Archive", "write_archive"]
+__all__ = ["DEFAULT_ARCHIVE_LIMITS", "MANIFEST", "Archive", "ArchiveLimitError", "ArchiveLimits",
+           "write_archive"]
 
 MANIFEST = "manifest.json"
 _EPOCH = (1980, 1, 1, 0, 0, 0)
@@ -42,6 +44,38 @@ _EPOCH = (1980, 1, 1, 0, 0, 0)
 _ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, struct.error, ValueError,
                NotImplementedError, KeyError, RuntimeError, OverflowError, IndexError,
                UnicodeDecodeError)
+
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveLimits:
+    """What a saved program may make ``exportir.load`` read, beyond the file's own bytes.
+
+    A stored member is read as the bytes the file holds (it cannot claim more than the
+    archive's size); a deflated member can claim ~1000x its compressed size, so deflated
+    members together may inflate to at most ``max_inflated_bytes`` (``exportir.save`` stores
+    every member; deflated ones come from other zip tools). ``max_json_bytes`` bounds
+    ``program.json`` and ``manifest.json``. Checked from the zip directory before any member
+    is read; a breach is an :class:`ArchiveLimitError` naming the member and the field.
+    """
+
+    max_inflated_bytes: int = 1 << 30
+    max_json_bytes: int = 1 << 28
+
+
+DEFAULT_ARCHIVE_LIMITS = ArchiveLimits()
+
+
+class ArchiveLimitError(SerializationError):
+    """An archive asks for more than an :class:`ArchiveLimits` bound allows; ``limit`` names
+    the field (``"max_inflated_bytes"``)."""
+
+    def __init__(self, message: str, limit: str) -> None:
+        self.limit = limit
+        super().__init__(
+            f"{message}; if you trust this file, load it with a larger "
+            f"exportir.load(..., limits=ArchiveLimits({limit}=...)) "
+            "(exportir.export.serialize.archive.ArchiveLimits)")
 
 
 # --------------------------------------------------------------------------- writing
@@ -82,7 +116,7 @@ class _Expected:
     sha256: str
 
 
-def _check_version(manifest: dict[str, Any]) -> None:
+def _check_version(manifest: dict[str, Any]) -> tuple[int, int]:
     fmt = as_str(manifest["format"], f"{MANIFEST}/format")
     if fmt != FORMAT_NAME:
         fail(f"{MANIFEST}/format", f"{fmt!r:.60} is not an exportir program ({FORMAT_NAME!r})")
@@ -94,6 +128,7 @@ def _check_version(manifest: dict[str, Any]) -> None:
         fail(f"{MANIFEST}/version", f"format version {major}.{minor} is not supported; this "
              f"exportir reads {FORMAT_MAJOR}.0 to {FORMAT_MAJOR}.{FORMAT_MINOR} (save the program "
              "again with this version, or upgrade exportir)")
+    return major, minor
 
 
 def _parse_entries(manifest: dict[str, Any]) -> dict[str, _Expected]:
@@ -116,9 +151,12 @@ def _parse_entries(manifest: dict[str, Any]) -> dict[str, _Expected]:
 class Archive:
     """A zip opened for reading with the manifest already validated."""
 
-    __slots__ = ("_expected", "_owned", "_zf", "producer")
+    __slots__ = ("_expected", "_limits", "_owned", "_zf", "producer", "version")
 
-    def __init__(self, f: str | os.PathLike[str] | IO[bytes]) -> None:
+    def __init__(
+        self, f: str | os.PathLike[str] | IO[bytes], limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS
+    ) -> None:
+        self._limits = limits
         # A path is opened here, so that OSErrors (missing file, permissions) propagate as
         # such; everything after that is about the file's contents.
         self._owned: IO[bytes] | None = None
@@ -139,7 +177,7 @@ class Archive:
         self._check_members()
         manifest = as_dict(loads_json(self._read(MANIFEST, None), MANIFEST), MANIFEST)
         check_keys(manifest, {"format", "version", "producer", "entries"}, set(), MANIFEST)
-        _check_version(manifest)
+        self.version = _check_version(manifest)
         self.producer = as_dict(manifest["producer"], f"{MANIFEST}/producer")
         self._expected = _parse_entries(manifest)
 
@@ -165,6 +203,7 @@ class Archive:
         if len(set(names)) != len(names):
             dup = next(n for n in names if names.count(n) > 1)
             fail("archive", f"member {dup!r:.80} appears more than once")
+        _check_inflation(infos, self._limits.max_inflated_bytes)
 
     def names(self) -> list[str]:
         return list(self._expected)
@@ -172,22 +211,26 @@ class Archive:
     def has(self, name: str) -> bool:
         return name in self._expected
 
-    def read(self, name: str) -> bytes:
+    def read_json(self, name: str) -> bytes:
+        """A JSON member's bytes (:meth:`read`), at most ``max_json_bytes`` of them."""
+        return self.read(name, json=True)
+
+    def read(self, name: str, *, json: bool = False) -> bytes:
         """A member's bytes, checked against the manifest's size and SHA-256."""
         expected = self._expected.get(name)
         if expected is None:
             fail(name, "missing from the manifest (file truncated or not written by save())")
-        data = self._read(name, expected.size)
+        data = self._read(name, expected.size, json)
         if hashlib.sha256(data).hexdigest() != expected.sha256:
             fail(name, "SHA-256 does not match the manifest (the file was modified or damaged)")
         return data
 
-    def _read(self, name: str, size: int | None) -> bytes:
+    def _read(self, name: str, size: int | None, json: bool = True) -> bytes:
         try:
             info = self._zf.getinfo(name)
         except KeyError:
             fail(name, "member missing from the archive (file truncated?)")
-        _check_info(info, size, self._archive_size())
+        _check_info(info, size, self._archive_size(), self._limits, json)
         try:
             with self._zf.open(info) as member:
                 data = member.read(info.file_size + 1)
@@ -208,7 +251,24 @@ class Archive:
         return end
 
 
-def _check_info(info: zipfile.ZipInfo, size: int | None, archive_size: int) -> None:
+def _check_inflation(infos: list[zipfile.ZipInfo], cap: int) -> None:
+    """Deflated members together inflate to at most ``cap`` bytes (from the zip directory's
+    claims; reading stops at a member's claimed size, so the claims bound what is inflated)."""
+    total = 0
+    for info in infos:
+        if info.compress_type != zipfile.ZIP_DEFLATED:
+            continue
+        total += info.file_size
+        if total > cap:
+            raise ArchiveLimitError(
+                f"{info.filename}: deflated members inflate to more than {total} bytes (this "
+                f"one: {info.file_size} from {info.compress_size}), more than "
+                f"max_inflated_bytes ({cap})", "max_inflated_bytes")
+
+
+def _check_info(
+    info: zipfile.ZipInfo, size: int | None, archive_size: int, limits: ArchiveLimits, json: bool
+) -> None:
     name = info.filename
     if info.flag_bits & 0x1:
         fail(name, "member is encrypted")
@@ -224,9 +284,11 @@ def _check_info(info: zipfile.ZipInfo, size: int | None, archive_size: int) -> N
         fail(name, f"unsupported compression method {info.compress_type} (use stored or deflate)")
     if size is not None and info.file_size != size:
         fail(name, f"member has {info.file_size} bytes, the manifest says {size}")
-    limit = LIMITS.max_json_bytes if size is None else LIMITS.max_entry_bytes
-    if info.file_size > limit:
-        fail(name, f"member of {info.file_size} bytes exceeds the limit {limit}")
+    if json and info.file_size > limits.max_json_bytes:
+        raise ArchiveLimitError(f"{name}: member of {info.file_size} bytes exceeds "
+                                f"max_json_bytes ({limits.max_json_bytes})", "max_json_bytes")
+    if info.file_size > LIMITS.max_entry_bytes:
+        fail(name, f"member of {info.file_size} bytes exceeds the limit {LIMITS.max_entry_bytes}")
 
 
 def _seekable(f: IO[bytes]) -> IO[bytes]:

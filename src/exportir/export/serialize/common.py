@@ -35,7 +35,7 @@ __all__ = [
 
 FORMAT_NAME = "exportir.exported_program"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 0
+FORMAT_MINOR = 1  # 1.1: symbolic shapes (the shape_env section, sym values and sizes)
 
 
 class SerializationError(ValueError):

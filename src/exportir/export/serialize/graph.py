@@ -162,12 +162,16 @@ def _encode_meta(meta: dict[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
-def _decode_meta(raw: Any, where: str, env: dict[str, Node]) -> dict[str, Any]:
+def _decode_meta(raw: Any, where: str, env: dict[str, Node], shapes: Any = None
+                 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in as_dict(raw, where).items():
         codec = _META_CODECS.get(key)
         if codec is None:
             fail(f"{where}/{key}", f"unknown metadata key; known: {sorted(_META_CODECS)}")
+        if key == "val" and value is not None:  # may hold symbolic sizes (format 1.1)
+            out[key] = Decoder(env, tensors=True, shapes=shapes).value(value, f"{where}/{key}")
+            continue
         out[key] = None if value is None else codec[1](value, f"{where}/{key}", env)
     return out
 
@@ -217,7 +221,7 @@ def encode_graph_module(gm: GraphModule, where: str) -> dict[str, Any]:
 
 
 def _decode_node(graph: Graph, raw: Any, where: str, env: dict[str, Node],
-                 submodules: dict[str, Any]) -> Node:
+                 submodules: dict[str, Any], shapes: Any = None) -> Node:
     spec = as_dict(raw, where)
     check_keys(spec, {"name", "op", "target", "args", "kwargs"}, {"meta"}, where)
     name = check_identifier(spec["name"], f"{where}/name")
@@ -238,7 +242,7 @@ def _decode_node(graph: Graph, raw: Any, where: str, env: dict[str, Node],
     node = graph.create_node(op, target, args, kwargs, name=name)
     if node.name != name:
         fail(f"{where}/name", f"{name!r} is not a name FX keeps (it became {node.name!r})")
-    node.meta.update(_decode_meta(spec.get("meta", {}), f"{where}/meta", env))
+    node.meta.update(_decode_meta(spec.get("meta", {}), f"{where}/meta", env, shapes))
     env[name] = node
     return node
 
@@ -250,16 +254,18 @@ def _check_single_output(nodes: list[Node], where: str) -> None:
                     f"positions {outputs[:5]} of {len(nodes)}")
 
 
-def decode_graph_module(raw: Any, where: str) -> GraphModule:
-    """Rebuild a GraphModule (and its submodules) from :func:`encode_graph_module` JSON."""
+def decode_graph_module(raw: Any, where: str, shapes: Any = None) -> GraphModule:
+    """Rebuild a GraphModule (and its submodules) from :func:`encode_graph_module` JSON.
+    ``shapes``: the ``(ShapeEnv, Symbols)`` of a program with symbolic shapes."""
     spec = as_dict(raw, where)
     check_keys(spec, {"nodes", "submodules"}, set(), where)
     subs_raw = as_dict(spec["submodules"], f"{where}/submodules")
     submodules = {check_identifier(k, f"{where}/submodules", dotted=True):
-                  decode_graph_module(v, f"{where}/submodules/{k}") for k, v in subs_raw.items()}
+                  decode_graph_module(v, f"{where}/submodules/{k}", shapes)
+                  for k, v in subs_raw.items()}
     graph = Graph()
     env: dict[str, Node] = {}
-    nodes = [_decode_node(graph, raw_node, f"{where}/nodes/{i}", env, submodules)
+    nodes = [_decode_node(graph, raw_node, f"{where}/nodes/{i}", env, submodules, shapes)
              for i, raw_node in enumerate(as_list(spec["nodes"], f"{where}/nodes"))]
     _check_single_output(nodes, f"{where}/nodes")
     return guarded(where, lambda: GraphModule(submodules, graph), "cannot build the GraphModule")

@@ -55,6 +55,7 @@ __all__ = [
     "decode_range_constraints",
     "decode_signature",
     "decode_tensor_infos",
+    "encode_derived_ranges",
     "encode_example_inputs",
     "encode_module_call_graph",
     "encode_range_constraints",
@@ -314,47 +315,83 @@ _SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 _BOUND = re.compile(r"-?(\d{1,40}|oo|int_oo)\Z")
 
 
+def _bounds(sym: Any, vr: Any, where: str) -> list[str]:
+    lower, upper = str(getattr(vr, "lower", "")), str(getattr(vr, "upper", ""))
+    if not (_BOUND.match(lower) and _BOUND.match(upper)):
+        fail(f"{where}/{sym}", f"cannot save range {sym}: {vr!r:.80} (expected integer or "
+                               "infinite bounds)")
+    return [lower, upper]
+
+
 def encode_range_constraints(ranges: dict[Any, Any], where: str) -> dict[str, Any]:
+    """Ranges of plain symbols (``{"s0": ["2", "128"]}``); see :func:`encode_derived_ranges`
+    for those of expressions (``2*s0``)."""
     out: dict[str, Any] = {}
     for sym, vr in ranges.items():
-        lower, upper = str(getattr(vr, "lower", "")), str(getattr(vr, "upper", ""))
-        if not (_SYMBOL.match(str(sym)) and _BOUND.match(lower) and _BOUND.match(upper)):
-            fail(f"{where}/{sym}", f"cannot save range {sym}: {vr!r:.80} (expected an integer "
-                                   "symbol with integer or infinite bounds)")
-        out[str(sym)] = [lower, upper]
+        if getattr(sym, "is_Symbol", False) and _SYMBOL.match(str(sym)):
+            out[str(sym)] = _bounds(sym, vr, where)
+        elif not getattr(sym, "free_symbols", None):
+            fail(f"{where}/{sym}", f"cannot save range {sym}: {vr!r:.80} (expected a symbol or "
+                                   "an expression of symbols)")
     return out
+
+
+def encode_derived_ranges(ranges: dict[Any, Any], where: str) -> list[Any]:
+    """Ranges of derived sizes (format 1.1): ``[[expression, [lower, upper]], ...]``."""
+    from exportir.export.serialize.symbolic import encode_expr
+
+    return [[encode_expr(expr, f"{where}/{i}"), _bounds(expr, vr, where)]
+            for i, (expr, vr) in enumerate(ranges.items())
+            if not getattr(expr, "is_Symbol", False)]
 
 
 def _bound(text: str) -> Any:
     import sympy
-    from torch.utils._sympy.numbers import int_oo
 
     sign = -1 if text.startswith("-") else 1
     magnitude = text.lstrip("-")
     if magnitude in ("oo", "int_oo"):
-        return int_oo if sign > 0 else -int_oo
+        return sympy.oo if sign > 0 else -sympy.oo
     return sympy.Integer(sign * int(magnitude))
 
 
-def decode_range_constraints(raw: Any, where: str) -> dict[Any, Any]:
+def _range(pair: Any, at: str) -> Any:
+    from exportir.symbolic import ValueRanges
+
+    bounds = as_list(pair, at)
+    if len(bounds) != 2:
+        fail(at, "expected [lower, upper]")
+    lower, upper = (as_str(b, f"{at}/{i}") for i, b in enumerate(bounds))
+    if not (_BOUND.match(lower) and _BOUND.match(upper)):
+        fail(at, f"bounds [{lower!r:.40}, {upper!r:.40}] are not integers or +-oo")
+    return guarded(at, lambda: ValueRanges(_bound(lower), _bound(upper)), "invalid range")
+
+
+def decode_range_constraints(raw: Any, where: str, symbols: Any = None,
+                             derived: Any = None) -> dict[Any, Any]:
+    """The ranges by symbol (``symbols``: the loaded shape environment's, format 1.1) and, for
+    ``derived`` (1.1), by expression."""
     spec = as_dict(raw, where)
-    if not spec:
+    if not spec and not derived:
         return {}
     import sympy
-    from torch.utils._sympy.value_ranges import ValueRanges
 
     out: dict[Any, Any] = {}
     for name, pair in spec.items():
         at = f"{where}/{name}"
-        bounds = as_list(pair, at)
-        if not _SYMBOL.match(name) or len(bounds) != 2:
+        if not _SYMBOL.match(name):
             fail(at, "expected a symbol name mapped to [lower, upper]")
-        lower, upper = (as_str(b, f"{at}/{i}") for i, b in enumerate(bounds))
-        if not (_BOUND.match(lower) and _BOUND.match(upper)):
-            fail(at, f"bounds [{lower!r:.40}, {upper!r:.40}] are not integers or +-oo")
-        symbol = sympy.Symbol(name, integer=True)
-        out[symbol] = guarded(at, lambda lo=lower, hi=upper: ValueRanges(_bound(lo), _bound(hi)),
-                              "invalid range")
+        symbol = symbols.get(name, at) if symbols is not None else sympy.Symbol(name, integer=True)
+        out[symbol] = _range(pair, at)
+    if derived:
+        from exportir.export.serialize.symbolic import decode_expr
+
+        for i, item in enumerate(as_list(derived, f"{where}/derived")):
+            at = f"{where}/derived/{i}"
+            pair = as_list(item, at)
+            if len(pair) != 2 or symbols is None:
+                fail(at, "expected [expression, [lower, upper]] with a shape_env section")
+            out[decode_expr(pair[0], f"{at}/0", symbols)] = _range(pair[1], f"{at}/1")
     return out
 
 

@@ -27,7 +27,13 @@ import torch
 import exportir
 from exportir.export.program.exported_program import ExportedProgram
 from exportir.export.program.verifier import SpecViolationError, load_verifier
-from exportir.export.serialize.archive import Archive, write_archive
+from exportir.export.serialize.archive import (
+    DEFAULT_ARCHIVE_LIMITS,
+    Archive,
+    ArchiveLimitError,
+    ArchiveLimits,
+    write_archive,
+)
 from exportir.export.serialize.common import (
     LIMITS,
     SerializationError,
@@ -46,6 +52,7 @@ from exportir.export.serialize.program import (
     decode_range_constraints,
     decode_signature,
     decode_tensor_infos,
+    encode_derived_ranges,
     encode_example_inputs,
     encode_module_call_graph,
     encode_range_constraints,
@@ -53,11 +60,12 @@ from exportir.export.serialize.program import (
     encode_tensor_infos,
     rebuild_tensors,
 )
+from exportir.export.serialize.symbolic import decode_shape_env, encode_shape_env, shape_env_of
 from exportir.export.serialize.tensors import decode_tensors, encode_tensors
 from exportir.export.signature import ExportGraphSignature, InputKind
 from exportir.fx.graph_module import GraphModule
 
-__all__ = ["SerializationError", "load", "save"]
+__all__ = ["ArchiveLimitError", "ArchiveLimits", "SerializationError", "load", "save"]
 
 PROGRAM = "program.json"
 WEIGHTS = "weights.safetensors"
@@ -117,6 +125,12 @@ def _encode_program(ep: ExportedProgram, opset: dict[str, int],
         "dialect": ep.dialect,
         "extra_files": extra_kinds,
     }
+    env = shape_env_of(n.meta.get("val") for n in ep.graph.nodes)
+    if env is not None:  # symbolic shapes (format 1.1)
+        section = encode_shape_env(env, _where("/shape_env"))
+        section["derived_ranges"] = encode_derived_ranges(ep.range_constraints,
+                                                          _where("/shape_env/derived_ranges"))
+        program["shape_env"] = section
     tensors = {WEIGHTS: encode_tensors(state_data), CONSTANTS: encode_tensors(const_data)}
     if examples is not None:
         tensors[EXAMPLES] = encode_tensors(example_data)
@@ -217,15 +231,19 @@ def _build(parts: dict[str, Any]) -> ExportedProgram:
 
 
 def _decode(ar: Archive, expected_opset: dict[str, int] | None) -> tuple[ExportedProgram, Any]:
-    program = as_dict(loads_json(ar.read(PROGRAM), PROGRAM), PROGRAM)
-    check_keys(program, _PROGRAM_KEYS, set(), PROGRAM)
+    program = as_dict(loads_json(ar.read_json(PROGRAM), PROGRAM), PROGRAM)
+    check_keys(program, _PROGRAM_KEYS, {"shape_env"}, PROGRAM)
+    if "shape_env" in program and ar.version < (1, 1):
+        fail(_where("/shape_env"), f"a format {ar.version[0]}.{ar.version[1]} file has no "
+             "shape_env section (symbolic shapes need format 1.1)")
+    shapes, derived = _shape_env(program.get("shape_env"))
     _check_opset(program["opset_version"], expected_opset)
     dialect = as_str(program["dialect"], _where("/dialect"))
     try:
         verifier = load_verifier(dialect)
     except SpecViolationError as e:
         fail(_where("/dialect"), str(e))
-    gm = decode_graph_module(program["graph_module"], _where("/graph_module"))
+    gm = decode_graph_module(program["graph_module"], _where("/graph_module"), shapes)
     signature = decode_signature(program["signature"], _where("/signature"))
     state = _tensors(ar, WEIGHTS, program["state_dict"], "state_dict")
     constants = _tensors(ar, CONSTANTS, program["constants"], "constants")
@@ -233,8 +251,9 @@ def _decode(ar: Archive, expected_opset: dict[str, int] | None) -> tuple[Exporte
     example_tensors = decode_tensors(ar.read(EXAMPLES), EXAMPLES)[0] if ar.has(EXAMPLES) else {}
     ep = _build({
         "root": gm, "graph": gm.graph, "graph_signature": signature, "state_dict": state,
-        "range_constraints": decode_range_constraints(program["range_constraints"],
-                                                      _where("/range_constraints")),
+        "range_constraints": decode_range_constraints(
+            program["range_constraints"], _where("/range_constraints"),
+            shapes[1] if shapes else None, derived),
         "module_call_graph": decode_module_call_graph(program["module_call_graph"],
                                                       _where("/module_call_graph")),
         "example_inputs": decode_example_inputs(program["example_inputs"], example_tensors,
@@ -244,21 +263,35 @@ def _decode(ar: Archive, expected_opset: dict[str, int] | None) -> tuple[Exporte
     return ep, program["extra_files"]
 
 
+def _shape_env(raw: Any) -> tuple[Any, Any]:
+    """``((ShapeEnv, Symbols), derived ranges)`` of a program with symbolic shapes (1.1)."""
+    if raw is None:
+        return None, None
+    where = _where("/shape_env")
+    spec = dict(as_dict(raw, where))
+    derived = spec.pop("derived_ranges", [])
+    return decode_shape_env(spec, where), derived
+
+
 def load(
     f: FileLike,
     *,
     extra_files: dict[str, Any] | None = None,
     expected_opset_version: dict[str, int] | None = None,
+    limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS,
 ) -> ExportedProgram:
-    """Load a program written by :func:`save` (same signature as ``torch.export.load``).
+    """Load a program written by :func:`save` (``torch.export.load``'s signature, plus
+    ``limits``).
 
     ``extra_files``: the names given are filled in place with the saved contents (``str`` or
     ``bytes``, as saved). ``expected_opset_version``: for each namespace given that the file
     also records, the versions must be equal. Raises :class:`SerializationError` for any
-    malformed, truncated, tampered or unsupported file; ``FileNotFoundError`` if ``f`` is a
-    path that does not exist.
+    malformed, truncated, tampered or unsupported file (an :class:`ArchiveLimitError` when it
+    asks for more than ``limits`` allow: deflated members inflating beyond
+    ``max_inflated_bytes``, JSON beyond ``max_json_bytes``); ``FileNotFoundError`` if ``f`` is
+    a path that does not exist.
     """
-    with Archive(f) as ar:
+    with Archive(f, limits) as ar:
         try:
             ep, extra_raw = _decode(ar, expected_opset_version)
         except RecursionError as e:

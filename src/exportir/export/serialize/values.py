@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import sympy
 import torch
 from torch._ops import (
     HigherOrderOperator,
@@ -309,17 +310,23 @@ def _enc_float(x: float) -> Any:
     return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
 
 
+def _enc_size(size: Any, where: str) -> Any:
+    """An int, or (format 1.1) ``{"sym": expression}`` of a symbolic size."""
+    if isinstance(size, int):
+        return size
+    from exportir.export.serialize.symbolic import encode_expr
+
+    return {"sym": encode_expr(size.node.expr, where)}
+
+
 def _enc_fake(t: torch.Tensor, where: str) -> dict[str, Any]:
     if t.layout != torch.strided:
         fail(where, f"tensor metadata with layout {t.layout} is not supported")
-    for size in (*t.shape, *t.stride(), t.storage_offset()):
-        if not isinstance(size, int):
-            fail(where, "symbolic shapes are not supported by format 1.0 yet")
     return {
         "dtype": _DTYPE_NAMES[t.dtype],
-        "shape": list(t.shape),
-        "stride": list(t.stride()),
-        "storage_offset": t.storage_offset(),
+        "shape": [_enc_size(s, f"{where}/shape") for s in t.shape],
+        "stride": [_enc_size(s, f"{where}/stride") for s in t.stride()],
+        "storage_offset": _enc_size(t.storage_offset(), f"{where}/storage_offset"),
         "device": str(t.device),
         "requires_grad": t.requires_grad,
     }
@@ -364,7 +371,9 @@ def encode_value(value: Any, where: str, *, tensors: bool = False) -> dict[str, 
                         "graph input (constants of an ExportedProgram are placeholders)")
         return {"fake": _enc_fake(value, where)}
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        fail(where, "symbolic values are not supported by format 1.0 yet")
+        from exportir.export.serialize.symbolic import encode_expr
+
+        return {_SYM_TAGS[type(value)]: encode_expr(value.node.expr, where)}
     for cls in type(value).__mro__:
         entry = _ENCODERS.get(cls)
         if entry is not None:
@@ -407,24 +416,41 @@ def _dec_device(payload: Any, where: str) -> torch.device:
     return guarded(where, lambda: torch.device(text), "bad device")
 
 
-def _dims(payload: Any, where: str) -> list[int]:
+def _dim(raw: Any, where: str, shapes: Any, lo: int) -> Any:
+    """An int size, or (format 1.1) ``{"sym": expression}``: a SymInt of the loaded
+    ShapeEnv (``shapes``: its ``(ShapeEnv, Symbols)``)."""
+    if isinstance(raw, dict):
+        if shapes is None:
+            fail(where, "a symbolic size in a program without a shape_env section")
+        spec = as_dict(raw, where)
+        check_keys(spec, {"sym"}, set(), where)
+        from exportir.export.serialize.symbolic import decode_expr
+
+        env, symbols = shapes
+        expr = decode_expr(spec["sym"], f"{where}/sym", symbols)
+        if expr.is_integer is not True:
+            fail(f"{where}/sym", f"{expr!s:.60} is not an integer size")
+        return guarded(where, lambda: env.symint(expr), "invalid symbolic size")
+    return as_int(raw, where, lo=lo, hi=LIMITS.max_dim)
+
+
+def _dims(payload: Any, where: str, shapes: Any = None) -> list[Any]:
     dims = as_list(payload, where)
     if len(dims) > LIMITS.max_rank:
         fail(where, f"rank {len(dims)} exceeds {LIMITS.max_rank}")
-    return [as_int(d, f"{where}/{i}", lo=-LIMITS.max_dim, hi=LIMITS.max_dim)
-            for i, d in enumerate(dims)]
+    return [_dim(d, f"{where}/{i}", shapes, -LIMITS.max_dim) for i, d in enumerate(dims)]
 
 
-def _dec_fake(payload: Any, where: str) -> torch.Tensor:
+def _dec_fake(payload: Any, where: str, shapes: Any = None) -> torch.Tensor:
     spec = as_dict(payload, where)
     fields = {"dtype", "shape", "stride", "storage_offset", "device", "requires_grad"}
     check_keys(spec, fields, set(), where)
     dtype = _from_table(_DTYPES, "dtype")(spec["dtype"], f"{where}/dtype")
-    shape = _dims(spec["shape"], f"{where}/shape")
-    stride = _dims(spec["stride"], f"{where}/stride")
-    if len(stride) != len(shape) or min(shape, default=0) < 0:
+    shape = _dims(spec["shape"], f"{where}/shape", shapes)
+    stride = _dims(spec["stride"], f"{where}/stride", shapes)
+    if len(stride) != len(shape) or min((s for s in shape if isinstance(s, int)), default=0) < 0:
         fail(where, f"shape {shape} and stride {stride} do not describe a tensor")
-    offset = as_int(spec["storage_offset"], f"{where}/storage_offset", lo=0, hi=LIMITS.max_dim)
+    offset = _dim(spec["storage_offset"], f"{where}/storage_offset", shapes, 0)
     device = _dec_device(spec["device"], f"{where}/device")
     grad = as_bool(spec["requires_grad"], f"{where}/requires_grad")
     return guarded(where, lambda: make_fake(shape, stride, offset, dtype, device, grad),
@@ -447,6 +473,7 @@ class Decoder:
     env: dict[str, Node]
     tensors: bool = False  # accept the ``fake`` tag (metadata)
     depth: int = 0
+    shapes: Any = None  # (ShapeEnv, Symbols) of a program with symbolic shapes (format 1.1)
 
     def value(self, obj: Any, where: str) -> Any:
         spec = as_dict(obj, where)
@@ -528,5 +555,26 @@ _DECODERS: dict[str, Callable[[Decoder, Any, str], Any]] = {
     "slice": Decoder.slice_,
     "ellipsis": lambda d, p, w: _dec_ellipsis(p, w),
     "op": lambda d, p, w: resolve_target(p, w),
-    "fake": lambda d, p, w: _dec_fake(p, w),
+    "fake": lambda d, p, w: _dec_fake(p, w, d.shapes),
+    "symint": lambda d, p, w: _dec_sym(d, p, w, "symint"),
+    "symfloat": lambda d, p, w: _dec_sym(d, p, w, "symfloat"),
+    "symbool": lambda d, p, w: _dec_sym(d, p, w, "symbool"),
 }
+_SYM_TAGS: dict[type, str] = {torch.SymInt: "symint", torch.SymFloat: "symfloat",
+                              torch.SymBool: "symbool"}
+
+
+def _dec_sym(d: Decoder, payload: Any, where: str, tag: str) -> Any:
+    """A symbolic value of the loaded ShapeEnv (format 1.1; metadata only)."""
+    if d.shapes is None or not d.tensors:
+        fail(where, f"a {tag} value outside the metadata of a program with symbolic shapes")
+    from exportir.export.serialize.symbolic import decode_expr
+    from exportir.symbolic import SymNode
+
+    env, symbols = d.shapes
+    expr = decode_expr(payload, where, symbols)
+    pytype, wrap = {"symint": (int, torch.SymInt), "symfloat": (float, torch.SymFloat),
+                    "symbool": (bool, torch.SymBool)}[tag]
+    if expr.is_number or expr in (sympy.true, sympy.false):
+        return guarded(where, lambda: pytype(expr), f"invalid {tag}")
+    return guarded(where, lambda: wrap(SymNode(expr, env, pytype)), f"invalid {tag}")

@@ -35,6 +35,7 @@ from exportir.runtime.backends.fused_cpu.format import (
     decode_blob,
 )
 from exportir.runtime.backends.fused_cpu.kernels import INPLACE, OPS
+from exportir.runtime.backends.fused_cpu.limits import DEFAULT_MAX_BYTES, FusedAllocationError
 
 __all__ = [
     "ALIGNMENT",
@@ -44,6 +45,7 @@ __all__ = [
     "INPLACE",
     "MAGIC",
     "OPS",
+    "FusedAllocationError",
     "FusedCpuBlobError",
     "FusedCpuExecutionError",
     "FusedCpuRuntime",
@@ -54,21 +56,31 @@ __all__ = [
 ]
 
 
-def decode(blob: bytes | memoryview) -> FusedProgram:
-    """Validate a blob and compile it; raises :class:`FusedCpuBlobError` naming the bad field."""
-    return build(decode_blob(blob))
+def decode(blob: bytes | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) -> FusedProgram:
+    """Validate a blob and compile it; raises :class:`FusedCpuBlobError` naming the bad field.
+    Ops whose result size an argument decides allocate at most ``max_bytes`` per result."""
+    return build(decode_blob(blob), max_bytes)
 
 
 class FusedCpuRuntime:
     """The delegate-registry entry: ``init(processed, compile_specs)`` validates and compiles
     the blob, ``execute(handle, inputs)`` runs it. Its outputs are new tensors on every call
-    (``fresh_outputs``): the runtime may hand them to the caller without copying."""
+    (``fresh_outputs``): the runtime may hand them to the caller without copying. A call keeps
+    its values in the frame of its own generated function, so calls from several threads run
+    at once (``thread_safe``). ``init`` takes the program's ``LoadLimits`` (``accepts_limits``):
+    its ``max_dynamic_bytes`` caps what an op allocates by argument (``full``, ``arange``, ...).
+    """
 
     __slots__ = ()
     fresh_outputs = True
+    thread_safe = True
+    accepts_limits = True
 
-    def init(self, processed: bytes | memoryview, compile_specs: Sequence[Any]) -> FusedProgram:
-        return decode(processed)
+    def init(
+        self, processed: bytes | memoryview, compile_specs: Sequence[Any], limits: Any = None
+    ) -> FusedProgram:
+        cap = getattr(limits, "max_dynamic_bytes", DEFAULT_MAX_BYTES)
+        return decode(processed, cap)
 
     def execute(self, handle: FusedProgram, inputs: Sequence[Any]) -> tuple[Any, ...]:
         return run(handle, inputs)

@@ -42,6 +42,11 @@ import torch
 
 from exportir.runtime.backends.fused_cpu.format import Blob, OpRow, fail
 from exportir.runtime.backends.fused_cpu.kernels import Call, Ref, SchemaMismatch, bind
+from exportir.runtime.backends.fused_cpu.limits import (
+    DEFAULT_MAX_BYTES,
+    FusedAllocationError,
+    guard,
+)
 from exportir.runtime.backends.fused_cpu.plan import Plan, SlotError, inplace_hazard, plan, refs
 
 __all__ = ["FusedCpuExecutionError", "FusedProgram", "build", "run"]
@@ -110,9 +115,10 @@ _BUILTINS = {"__import__": _loaded_module}
 class _Source:
     """Builds the function's source and namespace."""
 
-    def __init__(self, blob: Blob, p: Plan) -> None:
+    def __init__(self, blob: Blob, p: Plan, max_bytes: int) -> None:
         self.blob = blob
         self.plan = p
+        self.max_bytes = max_bytes
         self.constants = {s for s, _ in blob.constants}
         self.namespace: dict[str, Any] = {"__builtins__": dict(_BUILTINS)}
         self.literals = 0
@@ -169,6 +175,10 @@ class _Source:
             call = bind(row.name, row.args, row.kwargs, row.inplace, self.constant)
         except SchemaMismatch as e:  # decode checked the arguments; kept for direct callers
             raise fail(f"ops[{i}]", f"{row.name}: {e}") from None
+        try:
+            call = guard(row.name, row.node, call, self.max_bytes)
+        except FusedAllocationError as e:
+            raise fail(f"ops[{i}]", str(e)) from None
         targets = ", ".join(self.name(s) for s in row.outs)
         if row.multi:
             targets += "," if len(row.outs) == 1 else ""
@@ -211,8 +221,9 @@ def _tensor_method(fn: Any) -> str | None:
     return None
 
 
-def build(blob: Blob) -> FusedProgram:
-    """Check lifetimes and in-place requests of a decoded blob and compile its function."""
+def build(blob: Blob, max_bytes: int = DEFAULT_MAX_BYTES) -> FusedProgram:
+    """Check lifetimes and in-place requests of a decoded blob and compile its function. Ops
+    whose result size an argument decides allocate at most ``max_bytes`` (:mod:`.limits`)."""
     constants = [s for s, _ in blob.constants]
     try:
         p = plan(blob.inputs, constants, blob.ops, blob.outputs)
@@ -223,7 +234,7 @@ def build(blob: Blob) -> FusedProgram:
             hazard = inplace_hazard(p, blob.ops, i)
             if hazard is not None:
                 raise fail(f"inplace[{i}]", f"{row.name} cannot run in place: {hazard}")
-    src = _Source(blob, p)
+    src = _Source(blob, p, max_bytes)
     for slot, tensor in blob.constants:
         src.namespace[f"c{slot}"] = tensor  # before the ops: kernels may prepare constants
     for i, row in enumerate(blob.ops):
@@ -257,5 +268,7 @@ def run(program: FusedProgram, inputs: Sequence[Any]) -> tuple[Any, ...]:
             with torch.no_grad():
                 return program.fn(*inputs)
         return program.fn(*inputs)
+    except FusedAllocationError:
+        raise
     except Exception as e:
         raise program.failure(e) from e

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from exportir.program import schema
+from exportir.program import quantized_ops, schema
 from exportir.runtime import operands
 from exportir.runtime.bindings import Call, fast_call, functional_call, split_arguments
 from exportir.runtime.bindings import bind as bind_call
@@ -184,6 +184,10 @@ def canonical_op_name(name: str, overload: str | None = None) -> str:
     return f"{ns}::{op}.{overload or 'default'}"
 
 
+# torch.library namespaces the runtime defines before looking their ops up (torch defines them
+# only when its own quantization stack is imported)
+_LIBRARIES: Mapping[str, Callable[[], object]] = {quantized_ops.NAMESPACE: quantized_ops.define}
+
 _NAME_PART = re.compile(r"(?!__)[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
@@ -194,6 +198,8 @@ def _lookup_torch_op(name: str) -> torch._ops.OpOverload | None:
     op, overload = rest.split(".", 1)
     if not all(_NAME_PART.match(part) for part in (ns, op, overload)):
         return None
+    if ns in _LIBRARIES:
+        _LIBRARIES[ns]()
     try:
         packet = getattr(getattr(torch.ops, ns), op)
         found = getattr(packet, overload)

@@ -81,6 +81,9 @@ class _Converter:
 
     def static(self, node: Node, obs: ObserverBase) -> Node:
         x = node.args[0]
+        if _is_constant(x):  # a weight: observed here too, calibrated or not
+            with torch.no_grad():
+                obs(attr_value(self.model, x.target))
         scale, zero_point = obs.calculate_qparams()
         bounds = (obs.quant_min, obs.quant_max, obs.dtype)
         if obs.qscheme in _PER_CHANNEL:

@@ -26,6 +26,7 @@ operator runs only when the caller registers it on purpose (:meth:`KernelRegistr
 from __future__ import annotations
 
 import functools
+import importlib
 import operator
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from exportir.program import quantized_ops, schema
+from exportir.program import schema
 from exportir.runtime import operands
 from exportir.runtime.bindings import Call, fast_call, functional_call, split_arguments
 from exportir.runtime.bindings import bind as bind_call
@@ -185,8 +186,9 @@ def canonical_op_name(name: str, overload: str | None = None) -> str:
 
 
 # torch.library namespaces the runtime defines before looking their ops up (torch defines them
-# only when its own quantization stack is imported)
-_LIBRARIES: Mapping[str, Callable[[], object]] = {quantized_ops.NAMESPACE: quantized_ops.define}
+# only when its own quantization stack is imported): namespace -> module whose ``define()`` does
+# it, imported only when a program calls such an op
+_LIBRARIES: Mapping[str, str] = {"quantized_decomposed": "exportir.program.quantized_ops"}
 
 _NAME_PART = re.compile(r"(?!__)[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -199,7 +201,7 @@ def _lookup_torch_op(name: str) -> torch._ops.OpOverload | None:
     if not all(_NAME_PART.match(part) for part in (ns, op, overload)):
         return None
     if ns in _LIBRARIES:
-        _LIBRARIES[ns]()
+        importlib.import_module(_LIBRARIES[ns]).define()
     try:
         packet = getattr(getattr(torch.ops, ns), op)
         found = getattr(packet, overload)

@@ -22,6 +22,14 @@ from exportir.quantization.spec import (
     QuantizationSpecBase,
     SharedQuantizationSpec,
 )
+from exportir.quantization.weight_only import (
+    Int4WeightOnlyConfig,
+    Int8WeightOnlyConfig,
+    WeightOnlyLinear,
+    int4_weight_only,
+    int8_weight_only,
+    quantize_,
+)
 from exportir.quantization.xnnpack import (
     QuantizationConfig,
     XNNPACKQuantizer,
@@ -32,6 +40,8 @@ __all__ = [
     "DerivedQuantizationSpec",
     "EdgeOrNode",
     "FixedQParamsQuantizationSpec",
+    "Int4WeightOnlyConfig",
+    "Int8WeightOnlyConfig",
     "MinMaxObserver",
     "ObserverBase",
     "PerChannelMinMaxObserver",
@@ -42,8 +52,12 @@ __all__ = [
     "QuantizationSpecBase",
     "Quantizer",
     "SharedQuantizationSpec",
+    "WeightOnlyLinear",
     "XNNPACKQuantizer",
     "convert_pt2e",
     "get_symmetric_quantization_config",
+    "int4_weight_only",
+    "int8_weight_only",
     "prepare_pt2e",
+    "quantize_",
 ]

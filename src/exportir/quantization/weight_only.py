@@ -69,15 +69,31 @@ def _int8(weight: torch.Tensor) -> dict[str, torch.Tensor]:
                                                                              dtype=torch.int64)}
 
 
+# fractions of a group's range tried for int4 (the one with the least squared error wins):
+# clipping a few outliers buys resolution for every other weight
+_INT4_SHRINK = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
+
+
+def _int4_with(groups: torch.Tensor, shrink: float) -> tuple[torch.Tensor, ...]:
+    lo, hi = groups.amin(-1) * shrink, groups.amax(-1) * shrink  # the group's own range
+    scales = torch.clamp((hi - lo) / 15, min=torch.finfo(torch.float32).eps)
+    zeros = torch.clamp(torch.round(-lo / scales), 0, 15)
+    q = torch.clamp(torch.round(groups / scales[..., None]) + zeros[..., None], 0, 15)
+    error = ((q - zeros[..., None]) * scales[..., None] - groups).square().sum(-1)
+    return q, scales, zeros, error
+
+
 def _int4(weight: torch.Tensor, group_size: int) -> dict[str, torch.Tensor]:
     w = weight.detach().float()
     n, k = w.shape
     groups = w.reshape(n, k // group_size, group_size)
-    lo = torch.clamp(groups.amin(-1), max=0.0)
-    hi = torch.clamp(groups.amax(-1), min=0.0)
-    scales = torch.clamp((hi - lo) / 15, min=torch.finfo(torch.float32).eps)
-    zeros = torch.clamp(torch.round(-lo / scales), 0, 15)
-    q = torch.clamp(torch.round(groups / scales[..., None]) + zeros[..., None], 0, 15)
+    q, scales, zeros, error = _int4_with(groups, _INT4_SHRINK[0])
+    for shrink in _INT4_SHRINK[1:]:
+        q2, s2, z2, e2 = _int4_with(groups, shrink)
+        better = e2 < error
+        q = torch.where(better[..., None], q2, q)
+        scales, zeros, error = (torch.where(better, a, b) for a, b in
+                                ((s2, scales), (z2, zeros), (e2, error)))
     return {"weight_q": q.reshape(n, k).to(torch.uint8), "scales": scales,
             "zero_points": zeros.to(torch.int64)}
 

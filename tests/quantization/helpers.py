@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import torch
+from quantization.ao_models import ConvNet, conv_net  # noqa: F401  (re-exported)
 
 import exportir
 from exportir.quantization import (
@@ -19,35 +20,6 @@ from exportir.quantization import (
 )
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-
-
-class ConvNet(torch.nn.Module):
-    """conv-bn-relu, max pool, add, linear-relu, linear: every XNNPACK pattern we annotate."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
-        self.bn = torch.nn.BatchNorm2d(8)
-        self.conv2 = torch.nn.Conv2d(8, 8, 3, padding=1)
-        self.pool = torch.nn.MaxPool2d(2)
-        self.fc1 = torch.nn.Linear(8 * 4 * 4, 32)
-        self.fc2 = torch.nn.Linear(32, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.relu(self.bn(self.conv(x)))
-        y = torch.relu(self.conv2(y) + y)
-        y = self.pool(y).flatten(1)
-        return self.fc2(torch.relu(self.fc1(y)))
-
-
-def conv_net() -> ConvNet:
-    torch.manual_seed(0)
-    m = ConvNet().eval()
-    with torch.no_grad():  # non-trivial batch-norm statistics
-        m.bn.running_mean.uniform_(-0.5, 0.5)
-        m.bn.running_var.uniform_(0.5, 2.0)
-        m.bn.weight.uniform_(0.5, 1.5)
-    return m
 
 
 def quantize(model: torch.nn.Module, example: tuple, calibration: list, *, dynamic: bool = False,

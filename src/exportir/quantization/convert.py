@@ -5,7 +5,8 @@ Each observer node becomes ``quantize -> dequantize`` with the qparams it comput
 ``dequantize_*``); a dynamic one (``is_dynamic``) becomes ``choose_qparams.tensor -> quantize_
 per_tensor.tensor -> dequantize_per_tensor.tensor``, the qparams computed from each input at
 run time. With ``fold_quantize`` (default), a quantize reading a constant (a weight) is computed
-now: the graph keeps the int8 tensor (``_frozen_param<i>``) and its ``dequantize``.
+now: the graph keeps the int8 tensor (``_frozen_param<i>``) and its ``dequantize``. A
+dequantize read by several nodes is duplicated, one per reader (as torchao does).
 """
 
 from __future__ import annotations
@@ -124,6 +125,23 @@ class _Converter:
             self.model.delete_submodule(node.target)
 
 
+_DEQUANTIZE = frozenset({"dequantize_per_tensor", "dequantize_per_channel"})
+
+
+def _duplicate_dequantize(model: GraphModule) -> None:
+    """One dequantize per reader (torchao's ``DuplicateDQPass``): each quantized pattern a
+    backend matches (``dq -> op -> q``) owns its dequantize."""
+    for node in list(model.graph.nodes):
+        name = getattr(node.target, "_schema", None)
+        if name is None or name.name.partition("::")[2] not in _DEQUANTIZE:
+            continue
+        for user in list(node.users)[1:]:
+            with model.graph.inserting_after(node):
+                copy = model.graph.call_function(node.target, node.args, dict(node.kwargs))
+            copy.meta.update(node.meta)
+            user.replace_input_with(node, copy)
+
+
 def convert_pt2e(model: GraphModule, use_reference_representation: bool = False,
                  fold_quantize: bool = True) -> GraphModule:
     """Replace the observers of a calibrated :func:`prepare_pt2e` module by quantize /
@@ -136,6 +154,7 @@ def convert_pt2e(model: GraphModule, use_reference_representation: bool = False,
             "quantize/dequantize ops; call it with use_reference_representation=False"
         )
     _Converter(model, fold_quantize).run()
+    _duplicate_dequantize(model)
     model.graph.eliminate_dead_code()
     drop_unused_state(model)
     model.graph.lint()

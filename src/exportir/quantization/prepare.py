@@ -92,6 +92,15 @@ def _collect(model: GraphModule) -> tuple[dict[Any, Any], dict[Any, bool]]:
     return specs, implicit
 
 
+def _unwrap(specs: dict[Any, Any], spec: Any) -> Any:
+    """The spec a chain of ``SharedQuantizationSpec`` s ends at (None if it ends nowhere)."""
+    seen = set()
+    while isinstance(spec, SharedQuantizationSpec) and id(spec) not in seen:
+        seen.add(id(spec))
+        spec = specs.get(spec.edge_or_node)
+    return None if isinstance(spec, SharedQuantizationSpec) else spec
+
+
 def _group(specs: dict[Any, Any], implicit: dict[Any, bool]) -> _Groups:
     groups = _Groups()
     for key, spec in specs.items():
@@ -99,7 +108,7 @@ def _group(specs: dict[Any, Any], implicit: dict[Any, bool]) -> _Groups:
         if isinstance(spec, SharedQuantizationSpec):
             groups.union(key, spec.edge_or_node)
         elif isinstance(key, tuple) and implicit.get(key, True):
-            producer_spec = specs.get(key[0])
+            producer_spec = _unwrap(specs, specs.get(key[0]))
             if producer_spec is not None and producer_spec == spec:
                 groups.union(key, key[0])
     return groups

@@ -8,11 +8,16 @@ convolution are quantized then), float biases.
 
 What it annotates (static), in priority order so fused patterns win:
 
-- ``conv2d`` / ``linear`` followed by ``relu`` (or ``hardtanh`` / ``relu6``): quantized inputs
+- ``linear`` / ``conv2d`` followed by ``relu`` (or ``hardtanh`` / ``relu6``): quantized inputs
   and weight, quantized output after the activation;
-- ``conv2d`` / ``linear``: quantized input, weight and output;
-- ``add`` (followed by ``relu`` or not): both inputs and the output;
-- ``max_pool2d``, ``adaptive_avg_pool2d``: input quantized, output sharing its qparams.
+- ``linear`` / ``conv2d``: quantized input, weight and output;
+- ``adaptive_avg_pool2d``: input quantized, output sharing its qparams;
+- ``add`` / ``mul`` (followed by ``relu`` or not): both inputs and the output.
+
+Then ops that only move or select values (``relu``, ``max_pool2d``, ``mean``, ``view``,
+``permute``, ...) after an annotated output share its qparams (ExecuTorch's
+``propagate_annotation``). Dynamic configurations annotate ``linear`` only, as ExecuTorch's
+quantizer does.
 """
 
 from __future__ import annotations
@@ -90,8 +95,9 @@ def get_symmetric_quantization_config(
 _CONV_LINEAR = (aten.conv2d.default, aten.linear.default, aten.conv1d.default)
 _ACTIVATIONS = (aten.relu.default, aten.relu_.default, aten.hardtanh.default,
                 aten.hardtanh_.default, aten.relu6.default)
-_ADDS = (aten.add.Tensor, aten.add_.Tensor)
-_POOLS = (aten.max_pool2d.default, aten.adaptive_avg_pool2d.default)
+_BINARY = (aten.add.Tensor, aten.add_.Tensor, aten.mul.Tensor, aten.mul_.Tensor)
+_POOLS = (aten.adaptive_avg_pool2d.default,)
+_LINEAR = (aten.linear.default,)
 
 Annotator = Callable[[Node, QuantizationConfig], bool]
 
@@ -150,8 +156,8 @@ def _conv_linear(node: Node, config: QuantizationConfig) -> bool:
     return True
 
 
-def _add(node: Node, config: QuantizationConfig) -> bool:
-    if node.target not in _ADDS or config.output_activation is None:
+def _binary(node: Node, config: QuantizationConfig) -> bool:
+    if node.target not in _BINARY or config.output_activation is None:
         return False
     a, b = node.args[:2]
     if not (_is_float_tensor(a) and _is_float_tensor(b)):
@@ -171,11 +177,47 @@ def _pool(node: Node, config: QuantizationConfig) -> bool:
     x = node.args[0]
     if not _is_float_tensor(x):
         return False
-    _mark(node, {x: config.input_activation}, SharedQuantizationSpec((x, node)))
+    ann = x.meta.get(Q_ANNOTATION_KEY)
+    observed = ann is not None and ann._annotated and ann.output_qspec is not None
+    spec = SharedQuantizationSpec(x) if observed else config.input_activation
+    _mark(node, {x: spec}, SharedQuantizationSpec((x, node)))
     return True
 
 
-ANNOTATORS: tuple[Annotator, ...] = (_conv_linear_act, _conv_linear, _add, _pool)
+def _dynamic_linear(node: Node, config: QuantizationConfig) -> bool:
+    if node.target not in _LINEAR:
+        return False
+    inputs = _weight_inputs(node, config)
+    if inputs is None:
+        return False
+    _mark(node, inputs)
+    return True
+
+
+# ops whose output keeps its input's qparams (ExecuTorch's _is_share_obs_or_fq_op)
+SHARING_OPS = frozenset({
+    aten.relu.default, aten.hardtanh.default, aten.hardtanh_.default, aten.max_pool2d.default,
+    aten.mean.default, aten.mean.dim, aten.permute.default, aten.permute_copy.default,
+    aten.squeeze.dim, aten.squeeze_copy.dim, aten.adaptive_avg_pool2d.default,
+    aten.view_copy.default, aten.view.default, aten.slice_copy.Tensor, aten.flatten.using_ints,
+})  # fmt: skip
+
+
+def propagate_annotation(nodes: Iterable[Node]) -> None:
+    """Annotate :data:`SHARING_OPS` reading an annotated output to share its qparams."""
+    for node in nodes:
+        if node.target not in SHARING_OPS or _annotated(node) or not node.args:
+            continue
+        prev = node.args[0]
+        ann = prev.meta.get(Q_ANNOTATION_KEY) if isinstance(prev, Node) else None
+        if ann is None or ann.output_qspec is None:
+            continue
+        shared = SharedQuantizationSpec(prev)
+        _mark(node, {prev: shared}, shared)
+
+
+STATIC_ANNOTATORS: tuple[Annotator, ...] = (_conv_linear_act, _conv_linear, _pool, _binary)
+DYNAMIC_ANNOTATORS: tuple[Annotator, ...] = (_dynamic_linear,)
 
 
 class XNNPACKQuantizer(Quantizer):
@@ -216,11 +258,15 @@ class XNNPACKQuantizer(Quantizer):
         return self.global_config
 
     def annotate(self, model: GraphModule) -> GraphModule:
-        for annotator in ANNOTATORS:
-            for node in _calls(model.graph.nodes):
-                config = self._config_for(node)
-                if config is not None and not _annotated(node):
+        nodes = _calls(model.graph.nodes)
+        for dynamic, annotators in ((False, STATIC_ANNOTATORS), (True, DYNAMIC_ANNOTATORS)):
+            for annotator in annotators:
+                for node in nodes:
+                    config = self._config_for(node)
+                    if config is None or _annotated(node) or _is_dynamic(config) != dynamic:
+                        continue
                     annotator(node, config)
+        propagate_annotation(n for n in nodes if not _is_dynamic_or_none(self._config_for(n)))
         return model
 
     def validate(self, model: GraphModule) -> None:
@@ -235,6 +281,14 @@ class XNNPACKQuantizer(Quantizer):
                         f"XNNPACKQuantizer: node {node.name} is annotated with dtype {dtype}; "
                         "XNNPACK runs int8 / uint8 quantized tensors only"
                     )
+
+
+def _is_dynamic(config: QuantizationConfig) -> bool:
+    return config.input_activation is not None and config.input_activation.is_dynamic
+
+
+def _is_dynamic_or_none(config: QuantizationConfig | None) -> bool:
+    return config is None or _is_dynamic(config)
 
 
 def _calls(nodes: Iterable[Node]) -> list[Node]:

@@ -11,6 +11,8 @@ from quantization.helpers import conv_net, op_counts, quantize, run_fresh
 
 import exportir
 from exportir.quantization import (
+    DerivedQuantizationSpec,
+    FixedQParamsQuantizationSpec,
     MinMaxObserver,
     PerChannelMinMaxObserver,
     QuantizationAnnotation,
@@ -219,3 +221,64 @@ def test_xnnpack_validate_refuses_other_dtypes():
     node.meta["quantization_annotation"] = QuantizationAnnotation({}, spec)
     with pytest.raises(ValueError, match="XNNPACK runs int8 / uint8"):
         XNNPACKQuantizer().validate(gm)
+
+
+# ------------------------------------------------------------------------------ quantizer API
+
+
+def test_module_type_and_name_configs_override_the_global_one():
+    gm = exportir.export(conv_net(), _inputs(1)[0]).module()
+    quantizer = (XNNPACKQuantizer()
+                 .set_global(get_symmetric_quantization_config(is_per_channel=True))
+                 .set_module_type(torch.nn.Conv2d, None)
+                 .set_module_name("fc2", None))
+    prepared = prepare_pt2e(gm, quantizer)
+    annotated = {n.name for n in prepared.graph.nodes
+                 if n.meta.get("quantization_annotation") is not None}
+    assert "linear" in annotated
+    assert not {"conv2d", "conv2d_1", "linear_1"} & annotated, annotated
+
+
+class _CustomSpecs(Quantizer):
+    """linear: input and weight per-tensor, bias int32 derived from them; sigmoid: fixed."""
+
+    def annotate(self, model):
+        act = QuantizationSpec(torch.int8, MinMaxObserver, -128, 127, torch.per_tensor_affine)
+        weight = QuantizationSpec(torch.int8, MinMaxObserver, -127, 127,
+                                  torch.per_tensor_symmetric)
+        for node in model.graph.nodes:
+            if node.target == torch.ops.aten.linear.default:
+                x, w, b = node.args
+                bias = DerivedQuantizationSpec(
+                    derived_from=((x, node), (w, node)),
+                    derive_qparams_fn=lambda obs: (
+                        obs[0].calculate_qparams()[0] * obs[1].calculate_qparams()[0],
+                        torch.zeros(1, dtype=torch.int64)),
+                    dtype=torch.int32, quant_min=-(2**31), quant_max=2**31 - 1,
+                    qscheme=torch.per_tensor_symmetric)
+                node.meta["quantization_annotation"] = QuantizationAnnotation(
+                    {x: act, w: weight, b: bias})
+            elif node.target == torch.ops.aten.sigmoid.default:
+                node.meta["quantization_annotation"] = QuantizationAnnotation(
+                    {}, FixedQParamsQuantizationSpec(torch.uint8, 1 / 256, 0, 0, 255))
+        return model
+
+    def validate(self, model):
+        return None
+
+
+def test_derived_and_fixed_qparams_specs():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Sigmoid()).eval()
+    x = torch.randn(3, 8)
+    prepared = prepare_pt2e(exportir.export(model, (x,)).module(), _CustomSpecs())
+    prepared(x)
+    converted = convert_pt2e(prepared)
+    dq = [n for n in converted.graph.nodes
+          if n.target == torch.ops.quantized_decomposed.dequantize_per_tensor.default]
+    by_dtype = {n.args[-1]: n for n in dq}
+    x_scale = next(n.args[1] for n in dq if n.args[-1] == torch.int8 and n.args[3] == -128)
+    w_scale = next(n.args[1] for n in dq if n.args[-1] == torch.int8 and n.args[3] == -127)
+    assert by_dtype[torch.int32].args[1] == pytest.approx(x_scale * w_scale)
+    assert by_dtype[torch.uint8].args[1:3] == (1 / 256, 0)
+    assert (converted(x) - model(x)).abs().max() < 1 / 256

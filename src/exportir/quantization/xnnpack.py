@@ -301,6 +301,7 @@ def _module_name(path: str) -> str:
 
 
 def _type_matches(recorded: Any, cls: type) -> bool:
+    """Whether ``nn_module_stack``'s recorded type (a class or its qualified name) is ``cls``."""
     if isinstance(recorded, type):
-        return issubclass(recorded, cls)
-    return str(recorded).rsplit(".", 1)[-1].strip("'>") == cls.__name__
+        return recorded is cls
+    return str(recorded) == f"{cls.__module__}.{cls.__qualname__}"

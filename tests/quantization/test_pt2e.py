@@ -282,3 +282,19 @@ def test_derived_and_fixed_qparams_specs():
     assert by_dtype[torch.int32].args[1] == pytest.approx(x_scale * w_scale)
     assert by_dtype[torch.uint8].args[1:3] == (1 / 256, 0)
     assert (converted(x) - model(x)).abs().max() < 1 / 256
+
+
+def test_quantized_program_with_a_dynamic_batch(tmp_path):
+    batch = exportir.Dim("batch", min=1, max=16)
+    shapes = {"x": {0: batch}}
+    gm = exportir.export(conv_net(), _inputs(1)[0], dynamic_shapes=shapes).module()
+    config = get_symmetric_quantization_config(is_per_channel=True)
+    prepared = prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
+    prepared(torch.randn(4, 3, 8, 8))
+    converted = convert_pt2e(prepared)
+    path = tmp_path / "dyn.xpt"
+    ep = exportir.export(converted, _inputs(1)[0], dynamic_shapes=shapes)
+    exportir.to_edge(ep).to_program().save(path)
+    x = torch.randn(5, 3, 8, 8)
+    torch.testing.assert_close(Program.load(path).method("forward")(x), converted(x), rtol=0,
+                               atol=1e-6)

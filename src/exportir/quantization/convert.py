@@ -41,9 +41,9 @@ def _ops() -> Any:
 def _meta(x: Any) -> Any:
     if isinstance(x, Node):
         v = x.meta.get("val")
-        if not isinstance(v, torch.Tensor):
-            raise TypeError("no tensor value")
-        return torch.empty(tuple(int(d) for d in v.shape), dtype=v.dtype, device="meta")
+        if not isinstance(v, torch.Tensor) or not all(type(d) is int for d in v.shape):
+            raise TypeError("no static tensor value")  # int() of a symbolic size would guard
+        return torch.empty(tuple(v.shape), dtype=v.dtype, device="meta")
     if isinstance(x, (list, tuple)):
         return type(x)(_meta(a) for a in x)
     return x

@@ -14,6 +14,8 @@ quantized eager model computes.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from corpus import real_models as R
@@ -24,7 +26,7 @@ from exportir.quantization import int4_weight_only, int8_weight_only, quantize_
 
 CLASSES = 10
 BATCH = 16
-EVAL = 128  # one disagreement allowed
+EVAL = 112  # one disagreement allowed
 
 
 def _synthetic(protos: torch.Tensor, n: int, g: torch.Generator, noise: float = 0.5):
@@ -39,7 +41,7 @@ def _classifier(name: str, g: torch.Generator):
     model = case.model.eval()
     shape = next(iter(case.kwargs.values())).shape[1:]
     protos = torch.randn(CLASSES, *shape, generator=g)
-    x, y = _synthetic(protos, 160, g)
+    x, y = _synthetic(protos, 120, g)
     model.reset_classifier(CLASSES)
     with torch.no_grad():
         f = model.forward_head(model.forward_features(x), pre_logits=True)
@@ -52,16 +54,24 @@ def _classifier(name: str, g: torch.Generator):
     return model, protos
 
 
-@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
-@pytest.mark.parametrize("name", ["timm_resnet18", "timm_mobilenetv3"])
-def test_int8_vision_top1_agreement(name, dynamic):
+@functools.cache
+def _vision_case(name: str):
+    """(model, calibration batches, eval inputs, eval labels, fp32 logits), made once."""
     g = torch.Generator().manual_seed(0)
     model, protos = _classifier(name, g)
     calibration = [(_synthetic(protos, BATCH, g)[0],) for _ in range(2)]
     x_eval, y_eval = _synthetic(protos, EVAL, g)
-    converted = quantize(model, calibration[0], calibration, dynamic=dynamic)
     with torch.no_grad():
         ref = model(x_eval)
+    return model, calibration, x_eval, y_eval, ref
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("name", ["timm_resnet18", "timm_mobilenetv3"])
+def test_int8_vision_top1_agreement(name, dynamic):
+    model, calibration, x_eval, y_eval, ref = _vision_case(name)
+    converted = quantize(model, calibration[0], calibration, dynamic=dynamic)
+    with torch.no_grad():
         got = torch.cat([converted(b) for b in x_eval.split(BATCH)])
     agreement = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
     accuracy_loss = ((ref.argmax(-1) == y_eval).float().mean()

@@ -146,3 +146,32 @@ def test_quantized_kernels_refuse_arguments_onednn_would_misread():
     with pytest.raises(QuantizedKernelError, match="packed weight"):
         KERNELS[INT4_MM].fn(torch.randn(2, 32), torch.zeros(16, 8, dtype=torch.uint8), 32,
                             torch.zeros(1, 16, 2))
+
+
+def test_weight_only_kernels_on_a_dequantized_weight_compute_the_same():
+    """At load a weight-only kernel may run as linear on its weight dequantized (when measured
+    faster): the int4 weight is read back from torch's packed layout exactly."""
+    from exportir.runtime.backends.fused_cpu.kernels import KERNELS
+    from exportir.runtime.backends.fused_cpu.quantized import DenseWeight, _unpack_int4
+
+    g = torch.Generator().manual_seed(0)
+    for n, k in ((16, 64), (48, 256), (64, 128)):
+        q = torch.randint(0, 16, (n, k), dtype=torch.int32, generator=g)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        assert torch.equal(_unpack_int4(packed, n, k), q.long())
+    n, k, group = 32, 128, 64
+    q = torch.randint(0, 16, (n, k), dtype=torch.int32, generator=g)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    sz = torch.rand(k // group, n, 2, generator=g)
+    dense = (q - 8) * sz[..., 0].t().repeat_interleave(group, 1) + sz[..., 1].t().repeat_interleave(
+        group, 1)
+    x = torch.randn(3, k, generator=g)
+    torch.testing.assert_close(KERNELS[INT4_MM].fn(x, DenseWeight(dense), group, sz),
+                               KERNELS[INT4_MM].fn(x, packed, group, sz), rtol=1e-4, atol=1e-4)
+    w8 = torch.randint(-127, 128, (8, 16), dtype=torch.int8, generator=g)
+    s8 = torch.rand(8, generator=g)
+    x8 = torch.randn(2, 16, generator=g)
+    torch.testing.assert_close(KERNELS[INT8_MM].fn(x8, DenseWeight(w8.float() * s8[:, None]), s8),
+                               KERNELS[INT8_MM].fn(x8, w8, s8), rtol=1e-5, atol=1e-5)
+    with pytest.raises(QuantizedKernelError, match="needs x"):
+        KERNELS[INT8_MM].fn(torch.randn(2, 15), DenseWeight(w8.float()), s8)

@@ -15,6 +15,8 @@ FORBIDDEN_TORCH = (
     "torch._dynamo",
     "torch._functorch",
     "torch._subclasses",
+    "torch.ao",  # imports torch.fx
+    "torchao",
 )
 
 # package -> exportir packages it may import (besides itself)
@@ -30,6 +32,7 @@ ALLOWED_INTERNAL = {
     "backends": _CAPTURE | {"dialects", "passes", "program", "runtime"},
     # the runtime sees only the program format (finer rule: tests/runtime/test_imports.py)
     "runtime": {"program"},
+    "quantization": _CAPTURE | {"program"},
 }
 
 

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import torch
 
+from exportir.program import quantized_ops
+
+quantized_ops.define()  # the quantized_decomposed references (torch.ops) the samples compare with
+
 _GEN = torch.Generator().manual_seed(0)
 
 
@@ -209,3 +213,81 @@ SAMPLES.update({
     "aten.unbind_copy.int": [((_r(3, 2, 4), 1), {})],
     "aten.cat.default": [(([_r(2, 3), _r(1, 3)],), {}), (([_r(2, 3), _r(2, 1)], 1), {})],
 })  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ quantized kernels
+
+
+def _q8(*shape: int) -> torch.Tensor:
+    return torch.randint(-128, 128, shape, dtype=torch.int8, generator=_GEN)
+
+
+def _int4_packed(n: int, k: int) -> torch.Tensor:
+    q = torch.randint(0, 16, (n, k), dtype=torch.int32, generator=_GEN)
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+
+
+_W8 = torch.randint(-127, 128, (8, 16), dtype=torch.int8, generator=_GEN)
+_QLINEAR_TAIL = (_pos(8) * 0.01, torch.zeros(8, dtype=torch.int64))
+
+SAMPLES.update({
+    "quantized_decomposed.quantize_per_tensor.default": [
+        ((_r(2, 3), 0.05, 3, -128, 127, torch.int8), {}),
+        ((_r(2, 3) * 100, 0.5, 0, 0, 255, torch.uint8), {}),
+    ],
+    "quantized_decomposed.quantize_per_tensor.tensor": [
+        ((_r(2, 3), torch.tensor([0.05], dtype=torch.float64), torch.tensor([3]), -128, 127,
+          torch.int8), {}),
+    ],
+    "quantized_decomposed.dequantize_per_tensor.default": [
+        ((_q8(2, 3), 0.05, 3, -128, 127, torch.int8), {}),
+        ((_q8(2, 3), 0.05, 3, -128, 127, torch.int8), {"out_dtype": torch.float32}),
+    ],
+    "quantized_decomposed.dequantize_per_tensor.tensor": [
+        ((_q8(2, 3), torch.tensor([0.05], dtype=torch.float64), torch.tensor([-4]), -128, 127,
+          torch.int8), {}),
+    ],
+    "quantized_decomposed.choose_qparams.tensor": [((_r(4, 5), -128, 127, 2**-12, torch.int8), {})],
+    "quantized_decomposed.quantize_per_channel.default": [
+        ((_r(4, 3), _pos(4), _i(3, 4), 0, -128, 127, torch.int8), {}),
+    ],
+    "quantized_decomposed.dequantize_per_channel.default": [
+        ((_q8(4, 3), _pos(4), torch.zeros(4, dtype=torch.int64), 0, -127, 127, torch.int8), {}),
+        ((_q8(4, 3), _pos(3), None, 1, -127, 127, torch.int8), {}),
+    ],
+    "quantized_decomposed.dequantize_per_channel_group.default": [
+        ((torch.randint(0, 16, (4, 64), dtype=torch.uint8, generator=_GEN), _pos(4, 2),
+          _i(16, 4, 2), 0, 15, torch.uint8, 32, torch.float32), {}),
+    ],
+    "aten._weight_int8pack_mm.default": [((_r(3, 16), _W8, _pos(8)), {})],
+    "aten._weight_int4pack_mm_for_cpu.default": [
+        ((_r(3, 64), _int4_packed(16, 64), 32, _pos(2, 16, 2)), {}),
+    ],
+    "onednn.qlinear_pointwise.default": [
+        ((_q8(2, 16), 0.1, 0, _W8, *_QLINEAR_TAIL, _r(8), 1.0, 0, torch.float32, "none", [], ""),
+         {}),
+        ((_q8(2, 5, 16), 0.1, 3, _W8, *_QLINEAR_TAIL, None, 0.05, -2, torch.int8, "relu", [], ""),
+         {}),
+    ],
+    "onednn.qlinear_pointwise.tensor": [
+        ((_q8(2, 16), torch.tensor([0.1], dtype=torch.float64), torch.tensor([1]), _W8,
+          *_QLINEAR_TAIL, None, 1.0, 0, torch.float32, "none", [], ""), {}),
+    ],
+})  # fmt: skip
+
+
+def _packed_qlinear(op):
+    """oneDNN's qlinear reads its weight packed (an int8 [N, K] weight would be misread);
+    the fused kernel packs it itself."""
+
+    def run(qx, x_scale, x_zp, w, *rest):
+        return op(qx, x_scale, x_zp, torch.ops.onednn.qlinear_prepack(w, None), *rest)
+
+    return run
+
+
+# ops whose torch reference takes its arguments differently from the fused kernel
+REFERENCES = {
+    "onednn.qlinear_pointwise.default": _packed_qlinear(torch.ops.onednn.qlinear_pointwise.default),
+    "onednn.qlinear_pointwise.tensor": _packed_qlinear(torch.ops.onednn.qlinear_pointwise.tensor),
+}

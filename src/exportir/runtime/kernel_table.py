@@ -426,4 +426,20 @@ KERNEL_TABLE: Mapping[str, str] = {
         'aten::view_copy.out(Tensor self, SymInt[] size, *, Tensor(a!) out) -> Tensor(a!)',
     'aten::where.self_out':
         'aten::where.self_out(Tensor condition, Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)',
+    'quantized_decomposed::choose_qparams.Tensor_out':
+        'quantized_decomposed::choose_qparams.Tensor_out(Tensor input, int quant_min, int quant_max, float eps, ScalarType dtype, *, Tensor(a!) scale_out, Tensor(b!) zero_point_out) -> (Tensor(a!), Tensor(b!))',
+    'quantized_decomposed::dequantize_per_channel.out':
+        'quantized_decomposed::dequantize_per_channel.out(Tensor input, Tensor scales, Tensor? zero_points, int axis, int quant_min, int quant_max, ScalarType dtype, *, ScalarType? out_dtype=None, Tensor(a!) out) -> Tensor(a!)',
+    'quantized_decomposed::dequantize_per_channel_group.out':
+        'quantized_decomposed::dequantize_per_channel_group.out(Tensor input, Tensor scales, Tensor? zero_points, int quant_min, int quant_max, ScalarType dtype, int group_size, ScalarType output_dtype, *, Tensor(a!) out) -> Tensor(a!)',
+    'quantized_decomposed::dequantize_per_tensor.out':
+        'quantized_decomposed::dequantize_per_tensor.out(Tensor input, float scale, int zero_point, int quant_min, int quant_max, ScalarType dtype, *, ScalarType? out_dtype=None, Tensor(a!) out) -> Tensor(a!)',
+    'quantized_decomposed::dequantize_per_tensor.tensor_out':
+        'quantized_decomposed::dequantize_per_tensor.tensor_out(Tensor input, Tensor scale, Tensor zero_point, int quant_min, int quant_max, ScalarType dtype, *, ScalarType? out_dtype=None, Tensor(a!) out) -> Tensor(a!)',
+    'quantized_decomposed::quantize_per_channel.out':
+        'quantized_decomposed::quantize_per_channel.out(Tensor input, Tensor scales, Tensor zero_points, int axis, int quant_min, int quant_max, ScalarType dtype, *, Tensor(a!) out) -> Tensor(a!)',
+    'quantized_decomposed::quantize_per_tensor.out':
+        'quantized_decomposed::quantize_per_tensor.out(Tensor input, float scale, int zero_point, int quant_min, int quant_max, ScalarType dtype, *, Tensor(a!) out) -> Tensor(a!)',
+    'quantized_decomposed::quantize_per_tensor.tensor_out':
+        'quantized_decomposed::quantize_per_tensor.tensor_out(Tensor input, Tensor scale, Tensor zero_point, int quant_min, int quant_max, ScalarType dtype, *, Tensor(a!) out) -> Tensor(a!)',
 }

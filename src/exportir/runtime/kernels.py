@@ -26,6 +26,7 @@ operator runs only when the caller registers it on purpose (:meth:`KernelRegistr
 from __future__ import annotations
 
 import functools
+import importlib
 import operator
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -184,6 +185,11 @@ def canonical_op_name(name: str, overload: str | None = None) -> str:
     return f"{ns}::{op}.{overload or 'default'}"
 
 
+# torch.library namespaces the runtime defines before looking their ops up (torch defines them
+# only when its own quantization stack is imported): namespace -> module whose ``define()`` does
+# it, imported only when a program calls such an op
+_LIBRARIES: Mapping[str, str] = {"quantized_decomposed": "exportir.program.quantized_ops"}
+
 _NAME_PART = re.compile(r"(?!__)[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
@@ -194,6 +200,8 @@ def _lookup_torch_op(name: str) -> torch._ops.OpOverload | None:
     op, overload = rest.split(".", 1)
     if not all(_NAME_PART.match(part) for part in (ns, op, overload)):
         return None
+    if ns in _LIBRARIES:
+        importlib.import_module(_LIBRARIES[ns]).define()
     try:
         packet = getattr(getattr(torch.ops, ns), op)
         found = getattr(packet, overload)

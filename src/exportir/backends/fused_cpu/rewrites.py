@@ -34,6 +34,7 @@ import torch
 from exportir.backends.fused_cpu.conv import CONV_FUSIONS, CONV_RULES
 from exportir.backends.fused_cpu.ir import Graph, Op, Value, static_shape, values_in
 from exportir.backends.fused_cpu.layout import LAYOUT_RULES
+from exportir.backends.fused_cpu.quantized import QUANT_RULES
 from exportir.runtime.backends.fused_cpu import DTYPES
 
 __all__ = ["FOLD_LIMIT", "KERNEL_RULES", "RULES", "fold_constants", "optimize"]
@@ -326,7 +327,10 @@ RULES: dict[str, tuple[Rule, ...]] = {
     "aten.matmul.default": (matmul_linear,),
     "aten.add.Tensor": (linear_bias, *CONV_FUSIONS["aten.add.Tensor"]),
     "aten.relu.default": CONV_FUSIONS["aten.relu.default"],
-    "aten.linear.default": (permute_after_linear, linear_unflatten),
+    # int8 / int4 kernels first: they read the weight's dequantize before it is folded
+    "aten.linear.default": (
+        *QUANT_RULES["aten.linear.default"], permute_after_linear, linear_unflatten,
+    ),
     "aten._native_batch_norm_legit_no_training.default": (conv_bn,),
     "aten.max_pool2d_with_indices.default": (max_pool2d,),
     "aten.mul.Tensor": (silu,),
@@ -361,8 +365,8 @@ def _substitute(x: Any) -> Any:
 
 
 def _aten(name: str) -> Any:
-    _, packet, overload = name.split(".")
-    return getattr(getattr(torch.ops.aten, packet), overload)
+    namespace, packet, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
 
 
 def fold_constants(g: Graph) -> bool:

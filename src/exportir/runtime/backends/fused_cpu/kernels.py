@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from exportir.runtime.backends.fused_cpu.quantized import QUANTIZED_KERNEL_FNS, define_library
+
 __all__ = [
     "INPLACE",
     "KERNELS",
@@ -332,6 +334,8 @@ KERNELS: dict[str, Kernel] = {
     "aten._native_batch_norm_legit_functional.default": Kernel(_bn_functional),
     **_LAYOUT,
     **(_mkldnn_kernels() if hasattr(torch.ops.mkldnn, "_convolution_pointwise") else {}),
+    # int8 / int4: quantize-dequantize, oneDNN's qlinear, weight-only matmuls (.quantized)
+    **{name: Kernel(fn, prepare=prepare) for name, (fn, prepare) in QUANTIZED_KERNEL_FNS.items()},
 }  # fmt: skip
 
 OPS: frozenset[str] = frozenset(KERNELS)
@@ -344,6 +348,7 @@ INPLACE: frozenset[str] = frozenset(k for k, v in KERNELS.items() if v.inplace i
 @functools.cache
 def _schema(name: str) -> Any:
     namespace, packet, overload = name.split(".")
+    define_library(namespace)
     return getattr(getattr(getattr(torch.ops, namespace), packet), overload)._schema
 
 

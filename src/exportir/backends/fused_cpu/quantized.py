@@ -1,0 +1,210 @@
+"""Rewrites of quantized patterns onto the int8 / int4 kernels torch ships for CPU.
+
+Keyed on the ``linear`` the generic rewrites rebuild from ``addmm`` / ``mm``:
+
+- **static int8** -- ``quantize_per_tensor(linear(dequantize_per_tensor(qx), dequantize_per_
+  channel(W8), b))``, with an optional ``relu`` before the quantize, becomes
+  ``onednn.qlinear_pointwise(qx, ..., W8, ...)`` writing int8 (post op ``relu``);
+- **dynamic int8** -- ``linear(dequantize_per_tensor.tensor(qx, scale, zp), dequantize_per_
+  channel(W8), b)`` becomes ``onednn.qlinear_pointwise.tensor`` writing float32;
+- **weight-only int4** -- ``linear(x, dequantize_per_channel_group(W4, s, z, 0, 15, ...))``
+  becomes ``aten._weight_int4pack_mm_for_cpu`` over the weight packed now with
+  ``aten._convert_weight_to_int4pack_for_cpu`` (needs ``N % 16 == 0``);
+- **weight-only int8** -- ``linear(x, dequantize_per_channel(W8, s))`` (any other float ``x``)
+  becomes ``aten._weight_int8pack_mm``.
+
+Weights must be constants the backend owns, quantized symmetrically (zero points 0) along the
+output channel. What no rule takes runs as it is: a ``dequantize`` of a constant weight is then
+folded into a float weight (constant folding), activations still go through quantize /
+dequantize.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from exportir.backends.fused_cpu.ir import Graph, Op, Value, static_shape
+from exportir.runtime.backends.fused_cpu import OPS
+
+__all__ = ["QUANT_RULES"]
+
+_QD = "quantized_decomposed."
+_DQ_T = _QD + "dequantize_per_tensor.default"
+_DQ_TT = _QD + "dequantize_per_tensor.tensor"
+_DQ_C = _QD + "dequantize_per_channel.default"
+_DQ_G = _QD + "dequantize_per_channel_group.default"
+_Q_T = _QD + "quantize_per_tensor.default"
+_RELU = "aten.relu.default"
+_QLINEAR = "onednn.qlinear_pointwise.default"
+_QLINEAR_T = "onednn.qlinear_pointwise.tensor"
+_INT8_MM = "aten._weight_int8pack_mm.default"
+_INT4_MM = "aten._weight_int4pack_mm_for_cpu.default"
+
+
+def _const(t: torch.Tensor, name: str) -> Value:
+    return Value(torch.empty(t.shape, dtype=t.dtype, device="meta"), t, name=name)
+
+
+def _known(v: Any) -> torch.Tensor | None:
+    return v.const if isinstance(v, Value) else None
+
+
+def _float32(v: Any) -> bool:
+    return isinstance(v, Value) and v.dtype == torch.float32
+
+
+def _int8_weight(g: Graph, w: Any) -> tuple[Op, torch.Tensor, torch.Tensor] | None:
+    """``(dequantize op, int8 weight [N, K], float32 scales [N])`` of a constant weight
+    quantized symmetrically per output channel, else None."""
+    dq = g.producer(w, _DQ_C) if isinstance(w, Value) else None
+    if dq is None or dq.kwargs.get("out_dtype") not in (None, torch.float32):
+        return None
+    wq, scales, zps, axis, _, _, dtype = dq.args
+    q, s, z = _known(wq), _known(scales), _known(zps)
+    if q is None or s is None or axis != 0 or dtype != torch.int8 or q.dim() != 2:
+        return None
+    if zps is not None and (z is None or bool(z.any())):
+        return None
+    return dq, q, s.to(torch.float32).reshape(-1)
+
+
+def _bias_ok(b: Any) -> bool:
+    return b is None or _float32(b)
+
+
+def _quantize_after(g: Graph, op: Op) -> tuple[str, list[Op], Op] | None:
+    """``(post op, ops absorbed, the int8 quantize)`` reading ``op``'s result, else None."""
+    reader = g.only_reader(op.out)
+    absorbed = []
+    post = "none"
+    if reader is not None and reader.name == _RELU:
+        post, absorbed = "relu", [reader]
+        reader = g.only_reader(reader.out)
+    if reader is None or reader.name != _Q_T:
+        return None
+    qmin, qmax, dtype = reader.args[3:6]
+    if (dtype, qmin, qmax) != (torch.int8, -128, 127):
+        return None
+    return post, [*absorbed, reader], reader
+
+
+def _replace(g: Graph, old: Op, new: Op) -> None:
+    g.ops = [new if o is old else o for o in g.ops]
+    g.changed()
+
+
+def qlinear_static(g: Graph, op: Op) -> bool:
+    x, w, b = (*op.args, None)[:3]
+    dq_x = g.producer(x, _DQ_T)
+    weight = _int8_weight(g, w)
+    tail = _quantize_after(g, op)
+    if op.kwargs or dq_x is None or weight is None or tail is None or not _bias_ok(b):
+        return False
+    qx, x_scale, x_zp, _, _, x_dtype = dq_x.args
+    if x_dtype != torch.int8 or dq_x.kwargs.get("out_dtype") not in (None, torch.float32):
+        return False
+    _, wq, ws = weight
+    post, absorbed, q = tail
+    n = wq.shape[0]
+    args = [qx, x_scale, x_zp, _const(wq, f"{op.out.name}_w8"), _const(ws, f"{op.out.name}_ws"),
+            _const(torch.zeros(n, dtype=torch.int64), f"{op.out.name}_wz"), b, q.args[1],
+            q.args[2], torch.int8, post, [], ""]
+    nodes = (*op.nodes, *(o for a in absorbed for o in a.nodes))
+    _replace(g, q, Op(_QLINEAR, args, {}, q.outs, False, nodes))
+    return True
+
+
+def qlinear_dynamic(g: Graph, op: Op) -> bool:
+    x, w, b = (*op.args, None)[:3]
+    dq_x = g.producer(x, _DQ_TT)
+    weight = _int8_weight(g, w)
+    if op.kwargs or dq_x is None or weight is None or not _bias_ok(b):
+        return False
+    qx, x_scale, x_zp, _, _, x_dtype = dq_x.args
+    if x_dtype != torch.int8 or dq_x.kwargs.get("out_dtype") not in (None, torch.float32):
+        return False
+    _, wq, ws = weight
+    n = wq.shape[0]
+    args = [qx, x_scale, x_zp, _const(wq, f"{op.out.name}_w8"), _const(ws, f"{op.out.name}_ws"),
+            _const(torch.zeros(n, dtype=torch.int64), f"{op.out.name}_wz"), b, 1.0, 0,
+            torch.float32, "none", [], ""]
+    _replace(g, op, Op(_QLINEAR_T, args, {}, op.outs, False, op.nodes))
+    return True
+
+
+def _matmul_2d(g: Graph, op: Op, name: str, args_after_x: list[Any], n: int) -> bool:
+    """Replace ``op`` (``linear(x, W, b)``) by ``name(x2d, *args_after_x)`` [M, N] with the
+    bias added and ``x``'s leading dimensions restored."""
+    x, _, b = (*op.args, None)[:3]
+    shape, out_shape = static_shape(x), static_shape(op.out)
+    if shape is None or out_shape is None or not _float32(x) or not _bias_ok(b):
+        return False
+    m, k = math.prod(shape[:-1]), shape[-1]
+    tag = op.nodes
+    x2 = x if len(shape) == 2 else g.emit_before(
+        op, "aten.view_copy.default", [x, [m, k]], [m, k], torch.float32, tag)
+    y = g.emit_before(op, name, [x2, *args_after_x], [m, n], torch.float32, tag)
+    if b is not None:
+        y = g.emit_before(op, "aten.add.Tensor", [y, b], [m, n], torch.float32, tag)
+    if len(shape) == 2:
+        g.replace_uses(op.out, y)
+        g.remove(op)
+        return True
+    op.name, op.args, op.kwargs = "aten.view_copy.default", [y, list(out_shape)], {}
+    g.changed()
+    return True
+
+
+def weight_only_int8(g: Graph, op: Op) -> bool:
+    weight = _int8_weight(g, op.args[1])
+    if op.kwargs or weight is None:
+        return False
+    _, wq, ws = weight
+    args = [_const(wq, f"{op.out.name}_w8"), _const(ws, f"{op.out.name}_ws")]
+    return _matmul_2d(g, op, _INT8_MM, args, wq.shape[0])
+
+
+def _int4_weight(g: Graph, w: Any) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+    """``(packed weight, scales_and_zeros, group size)`` of a constant int4 weight."""
+    dq = g.producer(w, _DQ_G) if isinstance(w, Value) else None
+    if dq is None:
+        return None
+    wq, scales, zps, qmin, qmax, _, group, out_dtype = dq.args
+    q, s, z = _known(wq), _known(scales), _known(zps)
+    if q is None or s is None or z is None or (qmin, qmax) != (0, 15) or q.dim() != 2:
+        return None
+    n, k = q.shape
+    if out_dtype != torch.float32 or n % 16 or k % group or k % 2 or s.numel() != n * k // group:
+        return None
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+    s = s.reshape(n, k // group).float()
+    zeros = (8 - z.reshape(n, k // group).float()) * s  # (q - z) s = (q - 8) s + (8 - z) s
+    scales_zeros = torch.stack([s, zeros], -1).transpose(0, 1).contiguous()
+    return packed, scales_zeros, group
+
+
+def weight_only_int4(g: Graph, op: Op) -> bool:
+    found = _int4_weight(g, op.args[1]) if not op.kwargs else None
+    if found is None:
+        return False
+    packed, scales_zeros, group = found
+    args = [_const(packed, f"{op.out.name}_w4"), group,
+            _const(scales_zeros, f"{op.out.name}_sz")]
+    return _matmul_2d(g, op, _INT4_MM, args, packed.shape[0])
+
+
+_LINEAR_RULES = tuple(
+    rule
+    for rule, kernel in (
+        (qlinear_static, _QLINEAR),
+        (qlinear_dynamic, _QLINEAR_T),
+        (weight_only_int4, _INT4_MM),
+        (weight_only_int8, _INT8_MM),
+    )
+    if kernel in OPS
+)
+
+QUANT_RULES: dict[str, tuple[Any, ...]] = {"aten.linear.default": _LINEAR_RULES}

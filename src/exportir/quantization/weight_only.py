@@ -1,0 +1,179 @@
+"""Weight-only quantization of linear layers: ``quantize_(model, config)``, as torchao's.
+
+``quantize_`` replaces, in place, every ``nn.Linear`` of an eager model (those
+``filter_fn(module, fqn)`` accepts) by a :class:`WeightOnlyLinear`: the weight is stored
+quantized, the activations stay float. Its forward dequantizes the weight with a
+``quantized_decomposed`` op and calls ``linear``, so a captured program shows the pattern the
+backends lower to torch's CPU kernels (``aten._weight_int8pack_mm``,
+``aten._weight_int4pack_mm_for_cpu``):
+
+- :class:`Int8WeightOnlyConfig` (``int8_weight_only()``): int8, symmetric, one scale per
+  output channel (``dequantize_per_channel``);
+- :class:`Int4WeightOnlyConfig` (``int4_weight_only(group_size=128)``): 4-bit values
+  ``[0, 15]`` (stored one per uint8) with a scale and zero point per group of ``group_size``
+  input channels (``dequantize_per_channel_group``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from exportir.program import quantized_ops
+
+__all__ = [
+    "Int4WeightOnlyConfig",
+    "Int8WeightOnlyConfig",
+    "WeightOnlyLinear",
+    "int4_weight_only",
+    "int8_weight_only",
+    "quantize_",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Int8WeightOnlyConfig:
+    """int8 weights, symmetric per output channel."""
+
+
+@dataclass(frozen=True, slots=True)
+class Int4WeightOnlyConfig:
+    """4-bit weights, affine per group of ``group_size`` input channels."""
+
+    group_size: int = 128
+
+    def __post_init__(self) -> None:
+        if self.group_size not in (32, 64, 128, 256):
+            raise ValueError(
+                f"Int4WeightOnlyConfig: group_size must be 32, 64, 128 or 256; got "
+                f"{self.group_size}"
+            )
+
+
+def int8_weight_only() -> Int8WeightOnlyConfig:
+    return Int8WeightOnlyConfig()
+
+
+def int4_weight_only(group_size: int = 128) -> Int4WeightOnlyConfig:
+    return Int4WeightOnlyConfig(group_size)
+
+
+def _int8(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    w = weight.detach().float()
+    scales = torch.clamp(w.abs().amax(1) / 127, min=torch.finfo(torch.float32).eps)
+    q = torch.clamp(torch.round(w / scales[:, None]), -127, 127).to(torch.int8)
+    return {"weight_q": q, "scales": scales, "zero_points": torch.zeros_like(scales,
+                                                                             dtype=torch.int64)}
+
+
+# fractions of a group's range tried for int4 (the one with the least squared error wins):
+# clipping a few outliers buys resolution for every other weight
+_INT4_SHRINK = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
+
+
+def _int4_with(groups: torch.Tensor, shrink: float) -> tuple[torch.Tensor, ...]:
+    lo, hi = groups.amin(-1) * shrink, groups.amax(-1) * shrink  # the group's own range
+    scales = torch.clamp((hi - lo) / 15, min=torch.finfo(torch.float32).eps)
+    zeros = torch.clamp(torch.round(-lo / scales), 0, 15)
+    q = torch.clamp(torch.round(groups / scales[..., None]) + zeros[..., None], 0, 15)
+    error = ((q - zeros[..., None]) * scales[..., None] - groups).square().sum(-1)
+    return q, scales, zeros, error
+
+
+def _int4(weight: torch.Tensor, group_size: int) -> dict[str, torch.Tensor]:
+    w = weight.detach().float()
+    n, k = w.shape
+    groups = w.reshape(n, k // group_size, group_size)
+    q, scales, zeros, error = _int4_with(groups, _INT4_SHRINK[0])
+    for shrink in _INT4_SHRINK[1:]:
+        q2, s2, z2, e2 = _int4_with(groups, shrink)
+        better = e2 < error
+        q = torch.where(better[..., None], q2, q)
+        scales, zeros, error = (torch.where(better, a, b) for a, b in
+                                ((s2, scales), (z2, zeros), (e2, error)))
+    return {"weight_q": q.reshape(n, k).to(torch.uint8), "scales": scales,
+            "zero_points": zeros.to(torch.int64)}
+
+
+class WeightOnlyLinear(torch.nn.Module):
+    """A linear layer whose weight is stored quantized (module docstring)."""
+
+    def __init__(self, linear: torch.nn.Linear, config: Any) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.group_size = getattr(config, "group_size", None)
+        parts = _int8(linear.weight) if self.group_size is None else _int4(
+            linear.weight, self.group_size)
+        for name, value in parts.items():
+            self.register_buffer(name, value)
+        self.bias = linear.bias
+        self.out_dtype = linear.weight.dtype
+        quantized_ops.define()
+
+    def dequantized_weight(self) -> torch.Tensor:
+        qd = torch.ops.quantized_decomposed
+        if self.group_size is None:
+            return qd.dequantize_per_channel.default(
+                self.weight_q, self.scales, self.zero_points, 0, -127, 127, torch.int8,
+                out_dtype=self.out_dtype)
+        return qd.dequantize_per_channel_group.default(
+            self.weight_q, self.scales, self.zero_points, 0, 15, torch.uint8, self.group_size,
+            self.out_dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.dequantized_weight(), self.bias)
+
+    def extra_repr(self) -> str:
+        kind = "int8" if self.group_size is None else f"int4, group_size={self.group_size}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, {kind}"
+
+
+def _quantizable(module: torch.nn.Module, fqn: str, config: Any) -> str | None:
+    """Why ``module`` cannot be quantized with ``config``, or None."""
+    weight = module.weight
+    if weight.device.type == "meta" or not weight.dtype.is_floating_point:
+        return f"its weight is {weight.dtype} on {weight.device}"
+    k = module.in_features
+    if isinstance(config, Int4WeightOnlyConfig) and k % config.group_size:
+        return f"in_features {k} is not a multiple of group_size {config.group_size}"
+    return None
+
+
+_CONFIGS = (Int8WeightOnlyConfig, Int4WeightOnlyConfig)
+
+
+def quantize_(model: torch.nn.Module, config: Any,
+              filter_fn: Callable[[torch.nn.Module, str], bool] | None = None) -> torch.nn.Module:
+    """Replace the ``nn.Linear`` layers of ``model`` (in place; those ``filter_fn(module,
+    fqn)`` accepts) by weight-only quantized ones; returns ``model``. A layer the config cannot
+    quantize (int4 needs ``in_features`` divisible by ``group_size``) raises, naming it: leave
+    it out with ``filter_fn``."""
+    if not isinstance(config, _CONFIGS):
+        raise TypeError(
+            f"quantize_: unknown config {type(config).__name__}; use int8_weight_only() or "
+            "int4_weight_only(group_size) (Int8WeightOnlyConfig / Int4WeightOnlyConfig)"
+        )
+    targets = [
+        (fqn, m) for fqn, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and (filter_fn is None or filter_fn(m, fqn))
+    ]
+    for fqn, module in targets:
+        reason = _quantizable(module, fqn, config)
+        if reason is not None:
+            raise ValueError(
+                f"quantize_: cannot quantize linear {fqn!r}: {reason}. Leave it out: "
+                "quantize_(model, config, filter_fn=lambda m, fqn: fqn != ...)"
+            )
+    for fqn, module in targets:
+        _set_submodule(model, fqn, WeightOnlyLinear(module, config))
+    return model
+
+
+def _set_submodule(model: torch.nn.Module, fqn: str, new: torch.nn.Module) -> None:
+    if not fqn:
+        raise ValueError("quantize_: the model itself is a Linear; wrap it in a module first")
+    parent, _, name = fqn.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, name, new)

@@ -1,0 +1,261 @@
+"""The fused CPU backend's quantized kernels (entries of :data:`.kernels.KERNELS`).
+
+- ``quantized_decomposed.*``: quantize / dequantize / choose_qparams, the same functions the
+  portable runtime's out variants run (:mod:`exportir.program.quantized_ops`, imported and its
+  ops registered with torch on first use);
+- ``onednn.qlinear_pointwise`` (``.default``: static qparams, ``.tensor``: qparams computed at
+  run time): oneDNN's int8 linear. A constant int8 weight is packed once, at load; the kernel
+  checks what it is given (oneDNN reads unchecked memory when shapes disagree) and packs a
+  weight that is not packed yet;
+- ``aten._weight_int8pack_mm`` / ``aten._weight_int4pack_mm_for_cpu``: torch's weight-only
+  int8 / int4 matrix products, checked the same way. Their speed depends on the activation
+  dtype and the shape (for float32 they are several times slower than a float ``linear`` on
+  AVX-512 machines; for bfloat16 faster): at load, a constant weight's kernel is timed against
+  ``linear`` on the weight dequantized (``M`` = 1 and 32 rows, once per shape and dtype in a
+  process) and the faster one runs (:class:`DenseWeight`). Results agree to float rounding.
+
+Imports only torch and the standard library.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["QUANTIZED_KERNEL_FNS", "DenseWeight", "define_library", "pack_qlinear_weight"]
+
+_LIBRARY_MODULE = "exportir.program.quantized_ops"
+NAMESPACES = frozenset({"quantized_decomposed"})
+
+
+def define_library(namespace: str) -> None:
+    """Register the ops of ``namespace`` with torch when the runtime defines them itself."""
+    if namespace in NAMESPACES:
+        importlib.import_module(_LIBRARY_MODULE).define()
+
+
+def _library_fn(name: str) -> Callable[..., Any]:
+    """The kernel ``name`` of the quantized op library, imported on first call."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(_LIBRARY_MODULE), name)(*args, **kwargs)
+
+    run.__name__ = name
+    return run
+
+
+class QuantizedKernelError(ValueError):
+    """Arguments a quantized kernel refuses (they would make oneDNN read out of bounds)."""
+
+
+def _require(ok: bool, what: str) -> None:
+    if not ok:
+        raise QuantizedKernelError(what)
+
+
+_MKLDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops, "onednn")
+
+
+def _check_plain_weight(w: Any) -> None:
+    _require(isinstance(w, torch.Tensor) and w.dtype == torch.int8 and w.dim() == 2
+             and w.numel() > 0 and not w.is_mkldnn,
+             "qlinear_pointwise: the weight must be a non-empty 2-D int8 tensor [N, K]")
+
+
+def pack_qlinear_weight(w: torch.Tensor) -> torch.Tensor:
+    """oneDNN's packed form of an int8 weight ``[N, K]`` (``[K, N]``, blocked)."""
+    _check_plain_weight(w)
+    return torch.ops.onednn.qlinear_prepack(w.contiguous(), None)
+
+
+def _prepare_qlinear(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> tuple[Any, ...]:
+    weight = constant(args[3])
+    if weight is None or not _MKLDNN:
+        return args
+    try:
+        packed = pack_qlinear_weight(weight)
+    except (QuantizedKernelError, RuntimeError):
+        return args  # the kernel refuses it when it runs
+    return (*args[:3], packed, *args[4:])
+
+
+_POST_OPS = frozenset({"none", "relu"})
+_OUT_DTYPES = (None, torch.float32, torch.bfloat16, torch.int8, torch.uint8)
+
+
+def _check_qlinear(qx: Any, w: torch.Tensor, w_scales: Any, w_zps: Any, bias: Any,
+                   out_dtype: Any, post_op: Any, post_args: Any) -> None:
+    k, n = (w.shape[0], w.shape[1]) if w.is_mkldnn else (w.shape[1], w.shape[0])
+    _require(isinstance(qx, torch.Tensor) and qx.dtype in (torch.int8, torch.uint8)
+             and qx.dim() >= 2 and qx.shape[-1] == k,
+             f"qlinear_pointwise: the input must be int8 / uint8 [..., {k}]")
+    for name, t in (("w_scale", w_scales), ("w_zero_point", w_zps)):
+        _require(isinstance(t, torch.Tensor) and t.dim() == 1 and t.numel() == n,
+                 f"qlinear_pointwise: {name} must have {n} elements")
+    _require(bias is None or (isinstance(bias, torch.Tensor) and bias.numel() == n
+                              and bias.dtype == torch.float32),
+             f"qlinear_pointwise: the bias must be float32 with {n} elements")
+    _require(out_dtype in _OUT_DTYPES and post_op in _POST_OPS and not post_args,
+             f"qlinear_pointwise: output dtype {out_dtype} / post op {post_op!r} not supported")
+
+
+def _qlinear(op: Any) -> Callable[..., Any]:
+    def run(qx: Any, x_scale: Any, x_zp: Any, w: Any, w_scales: Any, w_zps: Any, bias: Any,
+            out_scale: float, out_zp: int, out_dtype: Any, post_op: str, post_args: Any,
+            algorithm: str) -> torch.Tensor:
+        if not (isinstance(w, torch.Tensor) and w.is_mkldnn):
+            w = pack_qlinear_weight(w)
+        _check_qlinear(qx, w, w_scales, w_zps, bias, out_dtype, post_op, post_args)
+        if qx.dtype == torch.int8:
+            # oneDNN's int8 x int8 product is a slow reference path (~1000x slower than
+            # uint8 x int8 here): shift the input and its zero point by 128, same values
+            qx, x_zp = torch.bitwise_xor(qx.contiguous().view(torch.uint8), 128), x_zp + 128
+        return op(qx.contiguous(), x_scale, x_zp, w, w_scales, w_zps, bias, out_scale, out_zp,
+                  out_dtype, post_op, post_args, algorithm)
+
+    return run
+
+
+@dataclass(frozen=True, slots=True)
+class DenseWeight:
+    """A weight-only kernel's weight, dequantized at load because ``linear`` on it was
+    measured faster than the packed kernel (module docstring): ``weight`` is ``[N, K]``."""
+
+    weight: torch.Tensor
+
+
+# (kernel, activation dtype, N, K) -> whether linear on the dequantized weight is faster
+_DENSE_FASTER: dict[tuple[str, torch.dtype, int, int], bool] = {}
+_TIMED_ROWS = (1, 32)
+
+
+def _seconds(fn: Callable[[torch.Tensor], Any], x: torch.Tensor) -> float:
+    fn(x)  # warm-up: first calls allocate and pick kernels
+    start = time.perf_counter()
+    fn(x)
+    return time.perf_counter() - start
+
+
+def _dense_is_faster(key: tuple[str, torch.dtype, int, int], packed: Callable[..., Any],
+                     dense: torch.Tensor) -> bool:
+    if key not in _DENSE_FASTER:
+        _, dtype, _, k = key
+        xs = [torch.randn(m, k).to(dtype) for m in _TIMED_ROWS]
+        with torch.no_grad():
+            t_packed = sum(_seconds(packed, x) for x in xs)
+            t_dense = sum(_seconds(lambda x: torch.nn.functional.linear(x, dense), x) for x in xs)
+        _DENSE_FASTER[key] = t_dense < t_packed
+    return _DENSE_FASTER[key]
+
+
+def _int8pack_mm(x: Any, w: Any, scales: Any) -> torch.Tensor:
+    if isinstance(w, DenseWeight):
+        _require(isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[1] == w.weight.shape[1],
+                 "_weight_int8pack_mm: needs x [M, K] for an int8 weight [N, K]")
+        return torch.nn.functional.linear(x, w.weight.to(x.dtype))
+    _require(isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.dim() == 2
+             and w.dim() == 2 and w.dtype == torch.int8 and x.shape[1] == w.shape[1]
+             and isinstance(scales, torch.Tensor) and scales.numel() == w.shape[0],
+             "_weight_int8pack_mm: needs x [M, K], an int8 weight [N, K] and N scales")
+    return torch.ops.aten._weight_int8pack_mm.default(x.contiguous(), w, scales)
+
+
+def _prepare_int8pack(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> tuple[Any, ...]:
+    w, scales = constant(args[1]), constant(args[2])
+    if w is None or scales is None or w.dim() != 2 or scales.numel() != w.shape[0]:
+        return args
+    dense = (w.float() * scales.float().reshape(-1, 1)).to(scales.dtype)
+    key = ("int8", scales.dtype, w.shape[0], w.shape[1])
+    try:
+        faster = _dense_is_faster(key, lambda x: _int8pack_mm(x, w, scales), dense)
+    except (QuantizedKernelError, RuntimeError):
+        return args  # the kernel refuses these arguments when it runs
+    return (args[0], DenseWeight(dense), *args[2:]) if faster else args
+
+
+def _int4pack_mm(x: Any, w: Any, group_size: int, scales_zeros: Any) -> torch.Tensor:
+    if isinstance(w, DenseWeight):
+        _require(isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[1] == w.weight.shape[1],
+                 "_weight_int4pack_mm_for_cpu: needs x [M, K] for a weight [N, K]")
+        return torch.nn.functional.linear(x, w.weight.to(x.dtype))
+    ok = (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.dim() == 2
+          and w.dim() == 2 and w.dtype == torch.uint8 and isinstance(scales_zeros, torch.Tensor)
+          and type(group_size) is int and group_size > 0 and x.shape[1] == w.shape[1] * 2
+          and x.shape[1] % group_size == 0 and scales_zeros.dim() == 3
+          and tuple(scales_zeros.shape) == (x.shape[1] // group_size, w.shape[0], 2))
+    _require(ok, "_weight_int4pack_mm_for_cpu: needs x [M, K], a packed weight [N, K / 2] and "
+                 "scales_and_zeros [K / group_size, N, 2]")
+    return torch.ops.aten._weight_int4pack_mm_for_cpu.default(x.contiguous(), w, group_size,
+                                                               scales_zeros)
+
+
+def _nibbles(packed: torch.Tensor) -> torch.Tensor:
+    return torch.stack([packed & 15, packed >> 4], -1).reshape(-1).to(torch.int64)
+
+
+def _unpack_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The int4 values ``[N, K]`` of a weight ``_convert_weight_to_int4pack_for_cpu`` packed.
+    The packed layout is the kernel's own (blocked per CPU); it is read back by packing probes
+    whose values spell each element's row and column in base 16."""
+    rows = torch.arange(n, dtype=torch.int32)[:, None].expand(n, k)
+    cols = torch.arange(k, dtype=torch.int32)[None, :].expand(n, k)
+    row_of = torch.zeros(n * k, dtype=torch.int64)
+    col_of = torch.zeros(n * k, dtype=torch.int64)
+    for digit in range(max(n, k).bit_length() // 4 + 1):
+        for index, source in ((row_of, rows), (col_of, cols)):
+            probe = ((source >> (4 * digit)) & 15).contiguous()
+            index += _nibbles(torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)) << (
+                4 * digit)
+    values = torch.zeros(n, k, dtype=torch.int64)
+    values[row_of, col_of] = _nibbles(packed)
+    return values
+
+
+def _prepare_int4pack(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> tuple[Any, ...]:
+    w, group, scales_zeros = constant(args[1]), args[2], constant(args[3])
+    if w is None or scales_zeros is None or w.dim() != 2 or type(group) is not int or group < 1:
+        return args
+    n, k = w.shape[0], w.shape[1] * 2
+    dtype = scales_zeros.dtype
+    try:
+        stand_in = torch.randn(n, k).to(dtype)  # only the timing: any values will do
+        if not _dense_is_faster(("int4", dtype, n, k),
+                                lambda x: _int4pack_mm(x, w, group, scales_zeros), stand_in):
+            return args
+        q = _unpack_int4(w, n, k).float()
+        sz = scales_zeros.float().repeat_interleave(group, 0)  # [K, N, 2]
+        dense = ((q - 8) * sz[..., 0].t() + sz[..., 1].t()).to(dtype)
+    except (QuantizedKernelError, RuntimeError, IndexError):
+        return args  # the kernel refuses these arguments when it runs
+    return (args[0], DenseWeight(dense), *args[2:])
+
+
+# name -> (kernel, prepare)
+QUANTIZED_KERNEL_FNS: dict[str, tuple[Callable[..., Any], Any]] = {
+    "quantized_decomposed.quantize_per_tensor.default": (_library_fn("quantize_per_tensor"), None),
+    "quantized_decomposed.quantize_per_tensor.tensor": (
+        _library_fn("quantize_per_tensor_tensor"), None),
+    "quantized_decomposed.dequantize_per_tensor.default": (
+        _library_fn("dequantize_per_tensor"), None),
+    "quantized_decomposed.dequantize_per_tensor.tensor": (
+        _library_fn("dequantize_per_tensor_tensor"), None),
+    "quantized_decomposed.choose_qparams.tensor": (_library_fn("choose_qparams"), None),
+    "quantized_decomposed.quantize_per_channel.default": (
+        _library_fn("quantize_per_channel"), None),
+    "quantized_decomposed.dequantize_per_channel.default": (
+        _library_fn("dequantize_per_channel"), None),
+    "quantized_decomposed.dequantize_per_channel_group.default": (
+        _library_fn("dequantize_per_channel_group"), None),
+    "aten._weight_int8pack_mm.default": (_int8pack_mm, _prepare_int8pack),
+    "aten._weight_int4pack_mm_for_cpu.default": (_int4pack_mm, _prepare_int4pack),
+}
+if _MKLDNN and hasattr(torch.ops.onednn, "qlinear_pointwise"):
+    QUANTIZED_KERNEL_FNS["onednn.qlinear_pointwise.default"] = (
+        _qlinear(torch.ops.onednn.qlinear_pointwise.default), _prepare_qlinear)
+    QUANTIZED_KERNEL_FNS["onednn.qlinear_pointwise.tensor"] = (
+        _qlinear(torch.ops.onednn.qlinear_pointwise.tensor), _prepare_qlinear)

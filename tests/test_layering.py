@@ -87,3 +87,49 @@ def test_checker_sees_forbidden_imports(tmp_path):
     bad.write_text("import torch.fx\nfrom torch._subclasses import FakeTensor\n")
     names = [n for _, n in _imports(bad)]
     assert _is_forbidden(names[0]) and any(_is_forbidden(n) for n in names[1:])
+
+
+# Modules of the forbidden stacks that src/ loads by name (importlib), each with its reason.
+NAMED_IMPORTS = {
+    "program/quantized_ops.py": {
+        # torch's own quantized_decomposed op definitions (no tracing): importing them first lets
+        # exportir and torch.ao / torchao define the ops in one process (DEF library clash)
+        "torch.ao.quantization.fx._decomposed",
+    },
+}
+
+
+def _loaded_by_name(tree: ast.Module) -> set[str]:
+    """Module names passed to importlib.import_module / __import__ (literals, or module-level
+    string constants)."""
+    constants = {
+        t.id: node.value.value
+        for node in tree.body if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+        for t in node.targets if isinstance(t, ast.Name)
+    }
+    names = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and node.args):
+            continue
+        func = node.func
+        called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if called not in ("import_module", "__import__"):
+            continue
+        arg = node.args[0]
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            names.add(arg.value)
+        elif isinstance(arg, ast.Name) and arg.id in constants:
+            names.add(constants[arg.id])
+    return names
+
+
+@pytest.mark.parametrize("path", _source_files(), ids=lambda p: str(p.relative_to(SRC)))
+def test_forbidden_modules_loaded_by_name_are_the_listed_ones(path):
+    rel = str(path.relative_to(SRC))
+    tree = ast.parse(path.read_text(), filename=str(path))
+    named = {name for name in _loaded_by_name(tree) if _is_forbidden(name)}
+    assert named == NAMED_IMPORTS.get(rel, set()), (
+        f"{rel} loads {sorted(named)} by name; NAMED_IMPORTS lists "
+        f"{sorted(NAMED_IMPORTS.get(rel, set()))}: list each with its reason, or do not load it"
+    )

@@ -5,20 +5,21 @@ ops, with the schemas torch gives them in ``torch/ao/quantization/fx/_decomposed
 run them through their out variants, which carry ExecuTorch's names
 (``quantized_decomposed::quantize_per_tensor.out``, ``choose_qparams.Tensor_out``, ...).
 
-torch defines the functional ops only when ``torch.ao.quantization`` is imported, and that
-imports ``torch.fx``, which exportir does not use. :func:`define` therefore registers them
-itself, with ``torch.library``, unless they already exist (torch's own definitions, or
-torchao's, then serve unchanged). It registers the out variants in every case: torch has none.
-Caveat: torch registers its functional ops with a ``DEF`` library, so importing
-``torch.ao.quantization`` *after* :func:`define` ran in the same process fails with a duplicate
-registration; import it first when a process needs both.
+torch defines the functional ops in ``torch.ao.quantization.fx._decomposed``, with a ``DEF``
+library: whoever registers them second fails. transformers imports torchao whenever it is
+installed, and torchao imports that module, so a process that quantized with exportir and then
+builds a transformers model would crash if exportir had defined them itself. :func:`define`
+therefore imports torch's definitions first (the one module of ``torch.ao`` exportir imports; it
+uses no tracing) and registers only what torch lacks: the out variants, and the functional ops
+should that module ever stop defining them.
 
-This module imports only torch: the runtime uses it to run programs that call these ops.
+This module imports only torch (and torch's op definitions, when :func:`define` runs): the runtime uses it to run programs that call these ops.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -254,10 +255,23 @@ def _out_kernel(op: OpDef) -> Callable[..., Any]:
     return run
 
 
+def _import_torch_definitions() -> None:
+    """torch's own ``quantized_decomposed`` functional ops, so that a later import of
+    ``torch.ao.quantization`` (by torchao, which transformers imports) finds them defined."""
+    try:
+        importlib.import_module(_TORCH_DEFINITIONS)
+    except ImportError:  # a torch build without torch.ao: define() registers every op itself
+        pass
+
+
+_TORCH_DEFINITIONS = "torch.ao.quantization.fx._decomposed"
+
+
 @functools.cache
 def define() -> tuple[torch.library.Library, ...]:
     """Register the ops with torch (idempotent): the functional ops that do not exist yet, and
     every out variant. Returns the libraries (kept alive by the cache)."""
+    _import_torch_definitions()
     functional = torch.library.Library(NAMESPACE, "FRAGMENT")
     outs = torch.library.Library(NAMESPACE, "FRAGMENT")
     for op in OPS:

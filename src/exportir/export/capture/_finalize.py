@@ -27,6 +27,7 @@ from exportir.export.signature import (
     make_argument_spec,
 )
 from exportir.fx import Graph, GraphModule, Node
+from exportir.fx._lazy_graph_module import _LazyGraphModule
 
 if TYPE_CHECKING:
     from exportir.export.capture.recorder import Lifted, Recorder
@@ -56,7 +57,7 @@ def finalize(
     _order_placeholders(graph, lifted_of)
     graph.eliminate_dead_code()
     signature = _signature(graph, lifted_of, mutations, user_outputs)
-    return GraphModule(torch.nn.Module(), graph), signature
+    return _LazyGraphModule(torch.nn.Module(), graph), signature
 
 
 def _functionalize(
@@ -169,4 +170,4 @@ def finalize_retrace(rec: Recorder) -> GraphModule:
     out = fz.output(tuple(fz.map_arg(a) for a in old_out.args[0]))
     out.meta["val"] = tuple(_val(a) for a in out.args[0])
     graph.eliminate_dead_code()
-    return GraphModule(torch.nn.Module(), graph)
+    return _LazyGraphModule(torch.nn.Module(), graph)

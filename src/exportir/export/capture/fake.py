@@ -84,6 +84,10 @@ class FakeTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is aten.detach.default and not kwargs:  # (what autograd wrappers apply)
+            x = args[0]
+            with _no_modes():
+                return FakeTensor(x._meta.detach(), x.fake_device)
         return run_fake(func, args, kwargs or {}, FakeConverter())
 
     # A fake has no data: these Python entry points read it op by op (each element an unbacked
@@ -200,17 +204,9 @@ def fake_from_meta(meta: torch.Tensor, device: torch.device) -> FakeTensor:
     return FakeTensor(meta, device)
 
 
-class _no_modes:
-    """Run a block with no dispatch mode active (used for meta computations)."""
-
-    __slots__ = ("_guard",)
-
-    def __enter__(self) -> None:
-        self._guard = torch._C._DisableTorchDispatch()
-        self._guard.__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        self._guard.__exit__(*exc)
+# ``with _no_modes():`` runs a block with no dispatch mode active (meta computations): torch's
+# own guard, a C++ context manager
+_no_modes = torch._C._DisableTorchDispatch
 
 
 # --- running an op on fakes --------------------------------------------------------------

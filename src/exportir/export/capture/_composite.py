@@ -147,8 +147,16 @@ def _preservable_custom(names: tuple[str, ...]) -> frozenset[OpOverload]:
 def preservable_cia_ops() -> frozenset[OpOverload]:
     """Every preservable CIA op: ATen's and those of other namespaces registered so far
     (custom ops may be defined at any time, so those are looked up on each call)."""
-    custom = tuple(n for n in _cpp_cia_names() if not n.startswith("aten::"))
-    return _preservable_all(custom)
+    return _preservable_all(_custom_cia_names())
+
+
+def preservable_custom_cia_ops() -> frozenset[OpOverload]:
+    """The preservable CIA ops of namespaces other than ATen registered so far."""
+    return _preservable_custom(_custom_cia_names())
+
+
+def _custom_cia_names() -> tuple[str, ...]:
+    return tuple(n for n in _cpp_cia_names() if not n.startswith("aten::"))
 
 
 @functools.lru_cache(maxsize=8)
@@ -240,7 +248,15 @@ def composite_plan(table: dict | None) -> tuple[frozenset[Any], frozenset[Any]]:
     preservable = kept_cia_ops()
     if not table:
         return preservable, preservable
-    named = frozenset(op for op in table if is_cia(op))
+    return _plan(preservable, frozenset(table))
+
+
+@functools.lru_cache(maxsize=8)
+def _plan(
+    preservable: frozenset[Any], named_ops: frozenset[Any]
+) -> tuple[frozenset[Any], frozenset[Any]]:
+    # (keyed by the table's ops: run_decompositions() hands the same default table each time)
+    named = frozenset(op for op in named_ops if is_cia(op))
     return preservable - named, preservable | named
 
 
@@ -297,28 +313,33 @@ class CompositeOverrides:
 
     def __init__(self, whole: Iterable[OpOverload]) -> None:
         self._whole = whole
-        self._saved: dict[Any, dict[Any, Any]] = {}
+        self._saved: list[tuple[OpOverload, dict[Any, Any]]] = []  # in install order
 
     def __enter__(self) -> Self:
         try:
             for op in self._whole:
-                self._install(op, _below_autograd(op))
+                self._install(op, _at_autograd_keys(_below_autograd(op)))
             for op in _TO_OVERLOADS:
-                self._install(op, _to_with_assert(op))
+                self._install(op, _at_autograd_keys(_to_with_assert(op)))
         except BaseException:
             self.__exit__()
             raise
         return self
 
-    def _install(self, op: OpOverload, kernel: Callable[..., Any]) -> None:
-        self._saved.setdefault(op, dict(op.py_kernels))
-        for key in _AUTOGRAD_KEYS:
-            op.py_kernels[key] = kernel
+    def _install(self, op: OpOverload, kernels: dict[Any, Callable[..., Any]]) -> None:
+        table = op.py_kernels
+        self._saved.append((op, dict(table)))
+        table.update(kernels)
         op._dispatch_cache.clear()
 
     def __exit__(self, *exc: object) -> None:
-        for op, saved in self._saved.items():
+        for op, saved in reversed(self._saved):  # (an op installed twice ends as it began)
             op.py_kernels.clear()
             op.py_kernels.update(saved)
             op._dispatch_cache.clear()
-        self._saved = {}
+        self._saved = []
+
+
+@functools.cache
+def _at_autograd_keys(kernel: Callable[..., Any]) -> dict[Any, Callable[..., Any]]:
+    return dict.fromkeys(_AUTOGRAD_KEYS, kernel)

@@ -12,7 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exportir.export.capture.functionalize import Functionalizer, functionalize
+from exportir.export.capture.functionalize import (
+    Functionalizer,
+    Unchanged,
+    functionalize,
+    needs_functionalization,
+)
 from exportir.export.signature import (
     ExportGraphSignature,
     InputKind,
@@ -22,6 +27,7 @@ from exportir.export.signature import (
     make_argument_spec,
 )
 from exportir.fx import Graph, GraphModule, Node
+from exportir.fx._lazy_graph_module import _LazyGraphModule
 
 if TYPE_CHECKING:
     from exportir.export.capture.recorder import Lifted, Recorder
@@ -36,19 +42,32 @@ _RANK = {"parameter": 0, "buffer": 1, "constant": 2, "user": 3}
 
 
 def finalize(
-    rec: Recorder, reassigned: dict[str, Node]
+    rec: Recorder, reassigned: dict[str, Node], *, appended: bool = False
 ) -> tuple[GraphModule, ExportGraphSignature]:
-    fz, old_out = functionalize(rec.graph, _describer(rec))
+    """``appended``: every node of the recorded graph was appended as it was made (nothing
+    inserted before others, as runtime asserts are): then a graph with nothing to functionalize
+    is used as it is (see :class:`Unchanged`)."""
+    fz, old_out = _functionalize(rec.graph, appended, _describer(rec))
     lifted_of = {fz.placeholders[old]: lifted for old, lifted in rec.inputs.items()}
     mutations = _mutations(fz, rec, reassigned)
     user_outputs = [fz.map_arg(a) for a in old_out.args[0]]
     graph = fz.new
-    out = graph.output(tuple(v for _, v in mutations) + tuple(user_outputs))
+    out = fz.output(tuple(v for _, v in mutations) + tuple(user_outputs))
     out.meta["val"] = tuple(_val(a) for a in out.args[0])
     _order_placeholders(graph, lifted_of)
     graph.eliminate_dead_code()
     signature = _signature(graph, lifted_of, mutations, user_outputs)
-    return GraphModule(torch.nn.Module(), graph), signature
+    return _LazyGraphModule(torch.nn.Module(), graph), signature
+
+
+def _functionalize(
+    graph: Graph, appended: bool, describe: Callable[[Node], str] | None = None
+) -> tuple[Functionalizer | Unchanged, Node]:
+    # (sizes are recorded as ``sym_size_int``, a name the pass's copy does not keep)
+    sizes = graph.find_nodes(op="call_function", target=torch.ops.aten.sym_size.int)
+    if appended and not sizes and not needs_functionalization(graph):
+        return Unchanged(graph), graph.output_node()
+    return functionalize(graph, describe)
 
 
 def _describer(rec: Recorder) -> Callable[[Node], str]:
@@ -138,8 +157,9 @@ def _signature(
 
 
 def finalize_retrace(rec: Recorder) -> GraphModule:
-    """Functionalize a re-traced graph; its inputs must not be written to."""
-    fz, old_out = functionalize(rec.graph)
+    """Functionalize a re-traced graph; its inputs must not be written to. (The recorder
+    appends every node it makes: a graph with nothing to functionalize is used as it is.)"""
+    fz, old_out = _functionalize(rec.graph, True)
     written = [old.name for old in fz.placeholders if fz.version.get(old, 0) > 0]
     if written:
         raise RuntimeError(
@@ -147,7 +167,7 @@ def finalize_retrace(rec: Recorder) -> GraphModule:
             "remove it from the decomposition table"
         )
     graph = fz.new
-    out = graph.output(tuple(fz.map_arg(a) for a in old_out.args[0]))
+    out = fz.output(tuple(fz.map_arg(a) for a in old_out.args[0]))
     out.meta["val"] = tuple(_val(a) for a in out.args[0])
     graph.eliminate_dead_code()
-    return GraphModule(torch.nn.Module(), graph)
+    return _LazyGraphModule(torch.nn.Module(), graph)

@@ -60,6 +60,8 @@ class _KeyBuilder:
 
     def key(self, x: Any) -> Any:
         if isinstance(x, torch.Tensor):
+            if not x._has_symbolic_sizes_strides:  # (equal to the tuples below, and as fast)
+                return ("T", x.shape, x.stride(), x.storage_offset(), x.dtype, x.layout)
             expr = self.expr
             return (
                 "T",
@@ -116,7 +118,8 @@ STATIC_MEMO = StaticMemo()
 
 
 def template_of(out: Any, env: Any) -> Any:
-    """What to keep of a meta result to rebuild it, or None (not tensors / new unbacked symbols)."""
+    """What to keep of a meta result to rebuild it, or None (not tensors / new unbacked symbols;
+    ``env`` None: any symbolic size)."""
     if isinstance(out, torch.Tensor):
         offset = out.storage_offset()
         if out.layout != torch.strided or not (isinstance(offset, int) and offset == 0):
@@ -133,7 +136,9 @@ def template_of(out: Any, env: Any) -> Any:
 
 
 def _has_unbacked(s: Any, env: Any) -> bool:
-    return isinstance(s, torch.SymInt) and bool(env.unbacked_symbols(s.node.expr))
+    if not isinstance(s, torch.SymInt):
+        return False
+    return env is None or bool(env.unbacked_symbols(s.node.expr))
 
 
 def rebuild(template: Any) -> Any:

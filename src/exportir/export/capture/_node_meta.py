@@ -15,6 +15,7 @@ And the node's name: :func:`node_name`.
 
 from __future__ import annotations
 
+import functools
 import linecache
 import sys
 from typing import Any, Self
@@ -34,6 +35,18 @@ _TORCH_LIBRARY_DIR = _TORCH_INIT.rsplit("/", 1)[0] + "/_library/"
 def node_name(target: Any) -> str:
     """The name torch.export gives a node calling ``target`` before de-duplication: the op's
     name, dunders stripped and snake-cased (``aten.__and__.Tensor`` -> ``and`` -> ``and_1``)."""
+    try:
+        return _cached_node_name(target)
+    except TypeError:  # (an unhashable callable)
+        return _node_name(target)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_node_name(target: Any) -> str:
+    return _node_name(target)
+
+
+def _node_name(target: Any) -> str:
     packet = getattr(target, "overloadpacket", None)
     name = packet.__name__ if packet is not None else getattr(target, "__name__", "fn")
     return snake_case(name[2:-2] if is_magic(name) else name)

@@ -8,9 +8,11 @@ composite ops the table does not name stay whole (``_composite.composite_plan``)
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import torch
+from torch._ops import HigherOrderOperator
 
 from exportir import pytree
 from exportir.export.capture._finalize import finalize_retrace
@@ -105,7 +107,10 @@ def _retrace_once(
     try:
         # as torch's re-trace: no autograd (parameters still require grad, what they compute
         # does not -- composite kernels such as matmul's branch on it)
-        with torch.no_grad(), TraceSettings(rec.whole), CaptureMode(rec), extension.mode():
+        # (the extension's mode sees operator calls: only a graph calling one needs it)
+        calls_operators = any(isinstance(n.target, HigherOrderOperator) for n in gm.graph.nodes)
+        ext_mode = extension.mode() if calls_operators else nullcontext()
+        with torch.no_grad(), TraceSettings(rec.whole), CaptureMode(rec), ext_mode:
             for node in gm.graph.nodes:
                 if node.op == "call_function":
                     rec.origin = node

@@ -54,6 +54,7 @@ class _Emitter:
         self.env = env
         self.symbols: dict[sympy.Symbol, Node | tuple[Node, int]] = {}
         self.anchor: Node | None = None
+        self.made = 0  # nodes inserted
 
     def node_for_symbol(self, sym: sympy.Symbol) -> Node:
         where = self.symbols[sym]
@@ -73,6 +74,7 @@ class _Emitter:
         vals = [a.meta["val"] if isinstance(a, Node) else a for a in args]
         node.meta["val"] = None if target is aten._assert_scalar.default else target(*vals)
         self.anchor = node
+        self.made += 1
         return node
 
     def value(self, expr: sympy.Basic) -> Any:
@@ -146,9 +148,10 @@ def _new_unbacked(node: Node, env: ShapeEnv, known: dict) -> list[tuple[sympy.Sy
     return found
 
 
-def insert_runtime_asserts(graph: Graph, env: ShapeEnv) -> None:
+def insert_runtime_asserts(graph: Graph, env: ShapeEnv) -> bool:
     """Add the range facts and ``torch._check`` conditions of unbacked symbols to ``graph``
-    (the recorded graph, before dead-code elimination: asserts keep their inputs alive)."""
+    (the recorded graph, before dead-code elimination: asserts keep their inputs alive).
+    Returns whether it added nodes."""
     emitter = _Emitter(graph, env)
     pending = list(dict.fromkeys(ra.expr for ra in env.deferred_runtime_asserts))
     done: set[sympy.Basic] = set()
@@ -173,7 +176,9 @@ def insert_runtime_asserts(graph: Graph, env: ShapeEnv) -> None:
                 if expr not in done:
                     done.add(expr)
                     emitter.assert_true(expr)
-    graph.lint()
+    if emitter.made:
+        graph.lint()
+    return emitter.made > 0
 
 
 def _bind_backed(node: Node, env: ShapeEnv, symbols: dict) -> None:

@@ -33,7 +33,8 @@ def cia_decomposition(op: OpOverload) -> Decomposition:
 
 
 @functools.cache
-def _aten_table() -> tuple[tuple[Any, Decomposition], ...]:
+def _aten_table() -> dict[Any, Decomposition]:
+    """(Shared by every table: copied, never changed.)"""
     # the post-autograd core ATen decompositions, ours where torch's breaks the kernel's
     # contract, then every preservable ATen composite op torch does not keep by default
     from torch._decomp import _core_aten_decompositions_post_autograd
@@ -43,7 +44,7 @@ def _aten_table() -> tuple[tuple[Any, Decomposition], ...]:
     for op in sorted(_composite.preservable_cia_ops(), key=str):
         if op.namespace == "aten" and op not in table and op not in _composite.PRESERVED_ATEN_CIA_OPS:
             table[op] = cia_decomposition(op)
-    return tuple(table.items())
+    return table
 
 
 def _is_aten(op: Any) -> bool:
@@ -111,8 +112,8 @@ class CustomDecompTable(dict):  # type: ignore[type-arg]  # keys: OpOverload, va
 
     def materialize(self) -> dict[Any, Decomposition]:
         """Add the composite custom ops registered so far; returns a plain dict copy."""
-        for op in _composite.preservable_cia_ops():
-            if op.namespace == "aten" or op in self._table or op in self._deleted_custom:
+        for op in _composite.preservable_custom_cia_ops():
+            if op in self._table or op in self._deleted_custom:
                 continue
             self._table[op] = cia_decomposition(op)
         self._materialized = True

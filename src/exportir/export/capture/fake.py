@@ -77,9 +77,6 @@ class FakeTensor(torch.Tensor):
         out.fake_device = device
         return out
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__()
-
     def __repr__(self, *, tensor_contents: Any = None) -> str:
         extra = "" if self.dtype == torch.get_default_dtype() else f", dtype={self.dtype}"
         where = "" if self.fake_device == _CPU else f", device='{self.fake_device}'"
@@ -87,6 +84,10 @@ class FakeTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is aten.detach.default and not kwargs:  # (what autograd wrappers apply)
+            x = args[0]
+            with _no_modes():
+                return FakeTensor(x._meta.detach(), x.fake_device)
         return run_fake(func, args, kwargs or {}, FakeConverter())
 
     # A fake has no data: these Python entry points read it op by op (each element an unbacked
@@ -203,17 +204,9 @@ def fake_from_meta(meta: torch.Tensor, device: torch.device) -> FakeTensor:
     return FakeTensor(meta, device)
 
 
-class _no_modes:
-    """Run a block with no dispatch mode active (used for meta computations)."""
-
-    __slots__ = ("_guard",)
-
-    def __enter__(self) -> None:
-        self._guard = torch._C._DisableTorchDispatch()
-        self._guard.__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        self._guard.__exit__(*exc)
+# ``with _no_modes():`` runs a block with no dispatch mode active (meta computations): torch's
+# own guard, a C++ context manager
+_no_modes = torch._C._DisableTorchDispatch
 
 
 # --- running an op on fakes --------------------------------------------------------------
@@ -263,7 +256,7 @@ def run_fake(func: Any, args: tuple, kwargs: dict, converter: FakeConverter) -> 
         env = _shape_env_of(unwrapped)
     out_device = _result_device(func, kwargs, unwrapped.device)
     if env is None:
-        return _wrap(_call_meta(func, unwrapped), unwrapped.fakes, out_device)
+        return _wrap(_call_meta_static(func, unwrapped), unwrapped.fakes, out_device)
     # sizes computed inside kernels (and by the wrapper's numel / contiguity) are not user
     # arithmetic: the recorder does not hear of them
     env.listener_paused += 1
@@ -316,6 +309,28 @@ def _call_meta_symbolic(func: Any, u: _Unwrapped, env: ShapeEnv) -> Any:
             else:
                 env.op_memo[key] = template
     return out
+
+
+def _call_meta_static(func: Any, u: _Unwrapped) -> Any:
+    """``_call_meta`` on concrete sizes (a pass re-running ops outside capture, without the
+    Python dispatcher), through the process-wide memo: some meta kernels are Python
+    references (``relu``'s is ``torch._refs``: a millisecond a call)."""
+    key, static = memo_key(func, u.args, u.kwargs) if memoizable(func) else (None, False)
+    if key is None or not static:
+        return _call_meta(func, u)
+    key = (_PLAIN_DISPATCH, key)  # the kernels run here are not the capture's (see above)
+    template = STATIC_MEMO.get(key)
+    if template is not None:
+        with _no_modes():
+            return rebuild(template)
+    out = _call_meta(func, u)
+    template = template_of(out, None)
+    if template is not None and not any(id(o) in u.fakes for o in _leaves(out)):
+        STATIC_MEMO.put(key, template)
+    return out
+
+
+_PLAIN_DISPATCH = "without the Python dispatcher"
 
 
 class SymbolicKernelError(RuntimeError):

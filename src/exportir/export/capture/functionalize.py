@@ -599,6 +599,10 @@ class Functionalizer:
             return False
         return d.shape == s.shape and d.dtype == s.dtype and d.device == s.device
 
+    def output(self, values: tuple) -> Node:
+        """The new graph's output node, returning ``values`` (new nodes / literals)."""
+        return self.new.output(values)
+
     def mutated_placeholders(self) -> list[Mutation]:
         """Placeholders written to, in input order, with their final values."""
         found = []
@@ -614,6 +618,48 @@ LAYOUT_RULES: dict[Any, Callable[[Functionalizer, Node], None]] = {
     aten.set_.source_Tensor: Functionalizer._set_source,
     aten.set_.default: Functionalizer._set_empty,
 }
+
+
+def needs_functionalization(graph: Graph) -> bool:
+    """Whether :func:`functionalize` would change ``graph`` beyond copying it: some node writes
+    (in-place, ``out=``, mutable arguments, layout changes), is dropped (``lift_fresh``), or is
+    not a call the pass copies."""
+    for n in graph.nodes:
+        if n.op != "call_function":
+            if n.op in ("placeholder", "output"):
+                continue
+            return True  # (the pass reports it)
+        target = n.target
+        if target in REWRITES or target in TRANSPARENT or _written_args(target):
+            return True
+    return False
+
+
+class Unchanged:
+    """What a graph with nothing to functionalize becomes: itself (each node its own value).
+
+    Has the parts of :class:`Functionalizer` the finalizers read. Stands for the copy the pass
+    would make only where the copy would name every node as it is named now: the graph's
+    nodes were created in graph order (appended), with the names the pass gives
+    (``node_name(target)``)."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.new = graph
+        self.placeholders = {n: n for n in graph.find_nodes(op="placeholder")}
+        self.version: dict[Node, int] = {}
+
+    def read(self, n: Node) -> Node:
+        return n
+
+    def map_arg(self, a: Any) -> Any:
+        if isinstance(a, (list, tuple)):
+            return _rebuild(a, [self.map_arg(x) for x in a])
+        return a
+
+    def output(self, values: tuple) -> Node:
+        out = self.new.output_node()
+        out.args = (values,)
+        return out
 
 
 def functionalize(old: Graph, describe: Describe | None = None) -> tuple[Functionalizer, Node]:

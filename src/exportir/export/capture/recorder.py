@@ -356,7 +356,7 @@ class _SymOp:
                 return rec.sym_arg(_wrap_sym(o))
         args = tuple(rec.sym_arg(_wrap_sym(o)) for o in self.operands)
         node = rec.graph.create_node(
-            "call_function", self.target, args, {}, name=getattr(self.target, "__name__", "sym")
+            "call_function", self.target, args, {}, name=node_name(self.target)
         )
         rec._fill_meta(node, self.target, _wrap_sym(self.out))
         return node
@@ -653,8 +653,8 @@ def capture(
         rec.graph.output(tuple(_output_value(rec, o) for o in flat_out))
     finally:
         env.op_listener = None
-    insert_runtime_asserts(rec.graph, env)
-    gm, signature = finalize(rec, reassigned)
+    inserted = insert_runtime_asserts(rec.graph, env)
+    gm, signature = finalize(rec, reassigned, appended=not inserted)
     gm = extension.finish(gm, rec.subgraphs)
     return CaptureResult(
         graph_module=gm,

@@ -38,6 +38,7 @@ from exportir.export.signature import (
     OutputKind,
     OutputSpec,
 )
+from exportir.fx._lazy_graph_module import _LazyGraphModule
 from exportir.fx.codegen import CodeGen
 from exportir.fx.graph import Graph
 from exportir.fx.graph_module import GraphModule
@@ -139,7 +140,8 @@ class ExportedProgram:
         if module_call_graph is None:
             raise ValueError("module_call_graph must be a list of ModuleCallEntry (got None)")
         graph.set_codegen(CodeGen())  # a flat graph: no pytree codegen
-        self._graph_module = GraphModule(root, graph)
+        # code generated when first used (printed, run, pickled): often never
+        self._graph_module = _LazyGraphModule(root, graph)
         if isinstance(root, GraphModule):
             self._graph_module.meta.update(root.meta)
         _dedupe_getitems(self._graph_module, graph_signature, module_call_graph)

@@ -72,26 +72,6 @@ def _bind(em: MethodEmitter, placeholder: Node, ref: int | None, operand: Node |
         raise EmitError(f"method {em.name!r}: loop operand {operand!r} has no value")
 
 
-def _inline(em: MethodEmitter, body: Any) -> list[Any]:
-    """Emit ``body``'s nodes (placeholders already bound); returns its output's values."""
-    owner, em.gm = em.gm, body
-    try:
-        for inner in body.graph.nodes:
-            if inner.op == "get_attr":
-                obj = kernels.get_attr(body, inner.target)
-                if isinstance(obj, torch.Tensor):
-                    em.constants[inner] = obj
-            elif inner.op == "call_function":
-                em.current = inner
-                em.emit_call(inner)
-            elif inner.op == "output":
-                results = inner.args[0]
-                return list(results) if isinstance(results, (list, tuple)) else [results]
-    finally:
-        em.gm = owner
-    return []
-
-
 def _close_back(em: MethodEmitter, cond_ref: int, start: int, node: Node) -> None:
     em.emit_instruction(lambda d: schema.JumpFalseCall(cond_ref, start, d), node)
 
@@ -148,7 +128,7 @@ def emit_map(em: MethodEmitter, node: Node) -> None:
         _bind(em, ph, piece, None)
     for ph, arg in zip(placeholders[len(xs):], pos_args):
         _bind(em, ph, None, arg)
-    results = _inline(em, body)
+    results = em.inline_body(body)
     one = em.literal(schema.Int(1))
     at_size = em.add(schema.IntList((one,)))
     for k, (result, out, v) in enumerate(zip(results, outs, vals)):
@@ -192,9 +172,9 @@ def emit_while(em: MethodEmitter, node: Node) -> None:
             _bind(em, ph, slot, None)
         for ph, arg in zip(placeholders[len(slots):], additional):
             _bind(em, ph, None, arg)
-    (pred,) = _inline(em, cond_gm)
+    (pred,) = em.inline_body(cond_gm)
     to_end = em.open_jump(em.output_ref(pred), node)
-    results = [em.output_ref(r) for r in _inline(em, body_gm)]
+    results = [em.output_ref(r) for r in em.inline_body(body_gm)]
     staged = []
     for k, (src, slot) in enumerate(zip(results, slots)):
         if src in slots and src != slot:  # read by a later move: copy it out first

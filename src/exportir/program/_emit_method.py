@@ -691,6 +691,15 @@ class MethodEmitter:
             for table in (self.node_value, self.node_items, self.constants):
                 if operand in table:
                     table[ph] = table[operand]
+        results = self.inline_body(body)
+        output = body.graph.output_node()
+        for value, out in zip(results, outs):
+            src = self.output_ref(value)
+            self.emit_instruction(lambda d, s=src, t=out: schema.MoveCall(s, t, d), output)
+
+    def inline_body(self, body: Any) -> list[Any]:
+        """Emit the nodes of a control-flow body (its placeholders already bound) into this
+        method; returns the values its output node names."""
         owner, self.gm = self.gm, body
         try:
             for inner in body.graph.nodes:
@@ -703,12 +712,10 @@ class MethodEmitter:
                     self.emit_call(inner)
                 elif inner.op == "output":
                     results = inner.args[0]
-                    flat = results if isinstance(results, (list, tuple)) else (results,)
-                    for value, out in zip(flat, outs):
-                        src = self.output_ref(value)
-                        self.emit_instruction(lambda d, s=src, t=out: schema.MoveCall(s, t, d), inner)
+                    return list(results) if isinstance(results, (list, tuple)) else [results]
         finally:
             self.gm = owner
+        return []
 
     def emit_call(self, node: Node) -> None:
         if node.target is torch.ops.higher_order.cond:

@@ -75,7 +75,27 @@ _SCALAR_TYPES: dict[type, tuple[type, ...]] = {
 }
 
 
-class MethodState:
+class _MethodInfo:
+    """What a method's file entry (``self.meta``) says, shared by :class:`Method` and its
+    execution states."""
+
+    __slots__ = ()
+    meta: schema.Method
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self.meta.input_names
+
+    @property
+    def num_instructions(self) -> int:
+        return len(self.meta.instructions)
+
+    @property
+    def arena_bytes(self) -> tuple[int, ...]:
+        return tuple(self.meta.plan.arenas)
+
+
+class MethodState(_MethodInfo):
     """One execution state of a method: its planned arenas, value frame and compiled steps.
 
     Runs one call at a time; :class:`Method` keeps a pool of them so that threads calling one
@@ -207,18 +227,6 @@ class MethodState:
             self._write_back.clear()
             for index, value in self._resets:
                 values[index] = value
-
-    @property
-    def input_names(self) -> tuple[str, ...]:
-        return self.meta.input_names
-
-    @property
-    def num_instructions(self) -> int:
-        return len(self.meta.instructions)
-
-    @property
-    def arena_bytes(self) -> tuple[int, ...]:
-        return tuple(self.meta.plan.arenas)
 
     def __repr__(self) -> str:
         return (
@@ -772,7 +780,7 @@ class MethodState:
         return RuntimeFailure(self._site(pc), reason, hint)
 
 
-class Method:
+class Method(_MethodInfo):
     """One executable method of a loaded :class:`~exportir.runtime.program.Program`.
 
     Calls may come from many threads at once: each call runs on an execution state
@@ -822,18 +830,6 @@ class Method:
             return state.execute(inputs)
         finally:
             idle.append(state)
-
-    @property
-    def input_names(self) -> tuple[str, ...]:
-        return self.meta.input_names
-
-    @property
-    def num_instructions(self) -> int:
-        return len(self.meta.instructions)
-
-    @property
-    def arena_bytes(self) -> tuple[int, ...]:
-        return tuple(self.meta.plan.arenas)
 
     @property
     def num_states(self) -> int:

@@ -108,7 +108,7 @@ class StaticMemo:
     def get(self, key: tuple) -> Any:
         return self.entries.get(key)
 
-    def put(self, key: tuple, template: Any) -> None:
+    def __setitem__(self, key: tuple, template: Any) -> None:  # (as the per-ShapeEnv dict)
         if len(self.entries) >= self.capacity:
             self.entries.clear()
         self.entries[key] = template

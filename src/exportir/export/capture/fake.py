@@ -301,14 +301,18 @@ def _call_meta_symbolic(func: Any, u: _Unwrapped, env: ShapeEnv) -> Any:
         if type(err) is not RuntimeError or _is_missing_kernel(err):
             raise
         raise _symbolic_kernel_error(err, env) from err
-    if key is not None:
-        template = template_of(out, env)
-        if template is not None and not any(id(o) in u.fakes for o in _leaves(out)):
-            if static:
-                STATIC_MEMO.put(key, template)
-            else:
-                env.op_memo[key] = template
+    template = _template_to_keep(out, u, env) if key is not None else None
+    if template is not None:
+        memo[key] = template
     return out
+
+
+def _template_to_keep(out: Any, u: _Unwrapped, env: ShapeEnv | None) -> Any:
+    """What a memo keeps of a meta result, or None: not rebuildable, or aliasing an input."""
+    template = template_of(out, env)
+    if template is None or any(id(o) in u.fakes for o in _leaves(out)):
+        return None
+    return template
 
 
 def _call_meta_static(func: Any, u: _Unwrapped) -> Any:
@@ -324,9 +328,9 @@ def _call_meta_static(func: Any, u: _Unwrapped) -> Any:
         with _no_modes():
             return rebuild(template)
     out = _call_meta(func, u)
-    template = template_of(out, None)
-    if template is not None and not any(id(o) in u.fakes for o in _leaves(out)):
-        STATIC_MEMO.put(key, template)
+    template = _template_to_keep(out, u, None)
+    if template is not None:
+        STATIC_MEMO[key] = template
     return out
 
 

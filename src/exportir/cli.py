@@ -209,7 +209,9 @@ def cmd_export(ns: argparse.Namespace) -> int:
     prog = stage("to_program", edge.to_program)
     data = stage("serialize", lambda: prog.buffer)
     out = Path(ns.output)
-    out.write_bytes(data)
+    from exportir.program.serialize import replace_file
+
+    replace_file(out, lambda f: f.write(data))
     weights = sum(c.nbytes for c in prog.program.constants)
     print(f"wrote {out} ({len(data)} bytes; constants {weights} bytes; "
           f"{len(prog.program.delegates)} delegate(s); methods "

@@ -270,5 +270,8 @@ class ProgramManager:
         f.write(self.buffer)
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        with open(path, "wb") as f:
-            self.write_to_file(f)
+        """Write the program file to ``path``, replacing it in one step (a program loaded from
+        the old file keeps running on it)."""
+        from exportir.program.serialize import replace_file
+
+        replace_file(path, self.write_to_file)

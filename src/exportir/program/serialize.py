@@ -14,6 +14,7 @@ allocation by the header's declared and checked lengths, and validates the whole
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
@@ -163,8 +164,27 @@ def serialize_program(program: schema.Program, *, buffer_alignment: int = 16) ->
 def save(program: schema.Program, path: str | os.PathLike[str], *, buffer_alignment: int = 16
          ) -> None:
     """Write ``program`` to ``path`` (streamed: weights are not copied into one buffer)."""
-    with open(path, "wb") as f:
-        _write_sections(f, program, buffer_alignment)
+    replace_file(path, lambda f: _write_sections(f, program, buffer_alignment))
+
+
+def replace_file(path: str | os.PathLike[str], write: Any) -> None:
+    """Call ``write(f)`` on a new file beside ``path``, then move it over ``path`` in one step.
+
+    A loaded program maps its file; truncating that file in place would make the mapped pages
+    vanish under a running method (SIGBUS on the next read). Writing a new file and renaming
+    it leaves the old file alive for whoever still maps it, and never leaves a half-written
+    file at ``path`` when writing fails.
+    """
+    target = os.fspath(path)
+    tmp = f"{target}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
 
 
 # ------------------------------------------------------------------------------ reading

@@ -14,7 +14,7 @@ from torch import nn
 
 from exportir import Dim, export
 from exportir.dialects.edge.config import EdgeCompileConfig
-from exportir.passes.edge_decompositions import histc
+from exportir.passes.edge_decompositions import histc, round_decimals
 from exportir.program.manager import to_edge
 from exportir.runtime import Program, default_kernel_registry
 
@@ -201,3 +201,27 @@ def test_empty_permuted_becomes_empty_and_runs():
     ops = _aten_ops(edge)
     assert aten.empty_permuted.default not in ops and aten.empty.memory_format in ops
     _runs_like_eager(model, args, edge)
+
+
+# ---------------------------------------------------------------------------- round(decimals=)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("decimals", [0, 1, 3, -2])
+def test_round_decimals_decomposition_is_bit_exact(dtype, decimals):
+    x = (torch.randn(20000, generator=torch.Generator().manual_seed(0)) * 1000).to(dtype)
+    assert torch.equal(round_decimals(x, decimals=decimals), torch.round(x, decimals=decimals))
+
+
+def test_round_decimals_refuses_integer_input():
+    with pytest.raises(NotImplementedError, match=r"x\.float\(\)"):
+        round_decimals(torch.arange(4), decimals=1)
+
+
+def test_round_decimals_is_decomposed_and_runs():
+    model = Fn(lambda x: torch.round(x, decimals=2) + torch.round(x * 3))
+    args = (torch.randn(3, 5) * 10,)
+    edge = to_edge(export(model, args))
+    assert aten.round.decimals not in _aten_ops(edge)
+    method = Program.load(edge.to_program().buffer).method("forward")
+    assert torch.equal(method(*args), model(*args))

@@ -11,7 +11,10 @@ these too, so the Edge program holds core ATen ops its runtime and backends run:
   :func:`histc`. ExecuTorch has none and rejects the op in its Edge verifier;
 - ``aten.empty_permuted.default`` (what the core table makes of ``torch.empty_like``): ours,
   :func:`empty_permuted`. ExecuTorch rejects it too (its LLM fine-tuning example rewrites it by
-  hand with the Edge checks off).
+  hand with the Edge checks off);
+- ``aten.round.decimals`` (``torch.round(x, decimals=d)``): ours, :func:`round_decimals`, equal
+  bit for bit to ATen's kernel. torch's own decomposition multiplies by ``10**-d`` where the
+  kernel divides by ``10**d``, which differs in the last bit; ExecuTorch rejects the op.
 
 ``compile_config.preserve_ops`` keeps any of them whole, as for the core table.
 """
@@ -24,7 +27,7 @@ from typing import Any
 import torch
 from torch._decomp import get_decompositions
 
-__all__ = ["edge_decompositions", "empty_permuted", "histc"]
+__all__ = ["edge_decompositions", "empty_permuted", "histc", "round_decimals"]
 
 aten = torch.ops.aten
 
@@ -91,6 +94,26 @@ def empty_permuted(
     )
 
 
+def round_decimals(x: torch.Tensor, *, decimals: int) -> torch.Tensor:
+    """``aten.round.decimals`` in core ATen ops, as ATen's CPU kernel computes it: for
+    ``decimals >= 0`` round ``x * 10**decimals`` half to even and divide by ``10**decimals``; for
+    ``decimals < 0`` round ``x / 10**-decimals`` and multiply back. The power of ten is a scalar
+    of ``x``'s dtype (float32 for half types, computed in float32), as in the kernel."""
+    if not x.dtype.is_floating_point:
+        raise NotImplementedError(
+            f"round(decimals=...) of a {x.dtype} tensor: ATen rounds floating-point tensors "
+            "with decimals only; cast it first (x.float())"
+        )
+    if x.dtype in (torch.float16, torch.bfloat16):  # the kernel computes these in float32
+        wide = round_decimals(aten._to_copy.default(x, dtype=torch.float32), decimals=decimals)
+        return aten._to_copy.default(wide, dtype=x.dtype)
+    if decimals >= 0:
+        scale = aten.scalar_tensor.default(10.0**decimals, dtype=x.dtype, device=x.device)
+        return aten.div.Tensor(aten.round.default(aten.mul.Tensor(x, scale)), scale)
+    scale = aten.scalar_tensor.default(10.0**-decimals, dtype=x.dtype, device=x.device)
+    return aten.mul.Tensor(aten.round.default(aten.div.Tensor(x, scale)), scale)
+
+
 def edge_decompositions() -> dict[Any, Callable[..., Any]]:
     """A fresh table of the decompositions of the module docstring."""
     table: dict[Any, Callable[..., Any]] = dict(
@@ -98,4 +121,5 @@ def edge_decompositions() -> dict[Any, Callable[..., Any]]:
     )
     table[aten.histc.default] = histc
     table[aten.empty_permuted.default] = empty_permuted
+    table[aten.round.decimals] = round_decimals
     return table

@@ -28,10 +28,11 @@ def _calls(graph: Any) -> list[Any]:
 
 aten = torch.ops.aten
 
-# Ops on symbolic sizes: they stay ATen ops in the Edge dialect.
+# Ops on symbolic sizes, and the assertions kept on data-dependent values (checks_data): they
+# stay ATen ops in the Edge dialect.
 SYMBOLIC_OPS: frozenset[OpOverload] = frozenset({
     aten.sym_size.int, aten.sym_numel.default, aten.sym_stride.int,
-    aten.sym_storage_offset.default,
+    aten.sym_storage_offset.default, aten._assert_scalar.default,
 })  # fmt: skip
 
 # Assertion ops removed on the way to the Edge dialect.
@@ -67,8 +68,31 @@ class OpReplacePass(PassBase):
         return PassResult(graph_module, modified)
 
 
+def checks_data(node: Any) -> bool:
+    """Whether assertion ``node`` checks a value read from tensor data (``Tensor.item()``, i.e.
+    ``aten._local_scalar_dense``): no input binding can check those, so the program keeps the
+    assertion and the runtime evaluates it (``torch._check(n.item() <= x.shape[0])``)."""
+    target = node.target.aten_op if isinstance(node.target, EdgeOpOverload) else node.target
+    if target is not aten._assert_scalar.default:
+        return False
+    seen: set[Any] = set()
+    todo = [a for a in node.args if hasattr(a, "op")]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        t = n.target.aten_op if isinstance(n.target, EdgeOpOverload) else n.target
+        if t is aten._local_scalar_dense.default:
+            return True
+        if n.op == "call_function" and not isinstance(n.meta.get("val"), torch.Tensor):
+            todo.extend(a for a in n.args if hasattr(a, "op"))  # scalar arithmetic only
+    return False
+
+
 class RemoveGraphAssertsPass(PassBase):
-    """Erase unused assertion-op nodes (``aten._assert_tensor_metadata``...)."""
+    """Erase unused assertion-op nodes (``aten._assert_tensor_metadata``...), except the
+    assertions on values read from tensor data (:func:`checks_data`)."""
 
     def call(self, graph_module: GraphModule) -> PassResult:
         modified = False
@@ -77,7 +101,7 @@ class RemoveGraphAssertsPass(PassBase):
             for node in reversed(_calls(module.graph)):
                 target = node.target
                 aten_op = target.aten_op if isinstance(target, EdgeOpOverload) else target
-                if aten_op in ASSERT_OPS and not node.users:
+                if aten_op in ASSERT_OPS and not node.users and not checks_data(node):
                     module.graph.erase_node(node)
                     changed = True
             if changed:

@@ -27,7 +27,6 @@ SKIPPED_OPS: frozenset[str] = frozenset(
     {
         "aten::_assert_async",
         "aten::_assert_async.msg",
-        "aten::_assert_scalar",
         "aten::sym_constrain_range",
         "aten::sym_constrain_range_for_size",
         "aten::_assert_tensor_metadata",
@@ -53,7 +52,12 @@ PYTHON_PRIMS: dict[Callable[..., Any], tuple[str, str]] = {
     operator.ge: ("exportir_prim::ge", "Scalar"),
 }
 
-SYM_OPS: frozenset[str] = frozenset({"aten::sym_size.int", "aten::sym_numel", "aten::sym_storage_offset"})
+# ATen ops with a runtime primitive: sizes of a tensor, ``Tensor.item()`` (a data-dependent
+# scalar; ExecuTorch's prim ops have it too) and the assertions to_edge keeps on such scalars
+SYM_OPS: frozenset[str] = frozenset({
+    "aten::sym_size.int", "aten::sym_numel", "aten::sym_storage_offset",
+    "aten::_local_scalar_dense", "aten::_assert_scalar",
+})
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,6 +111,8 @@ PRIM_OPERATORS: dict[tuple[str, str], int] = {
     ("aten::sym_size", "int"): 2,
     ("aten::sym_numel", ""): 1,
     ("aten::sym_storage_offset", ""): 1,
+    ("aten::_local_scalar_dense", ""): 1,
+    ("aten::_assert_scalar", ""): 2,
     ("exportir_prim::add", "Scalar"): 2,
     ("exportir_prim::sub", "Scalar"): 2,
     ("exportir_prim::mul", "Scalar"): 2,

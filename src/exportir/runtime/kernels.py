@@ -389,13 +389,21 @@ def _value_kernel(name: str, arity: int, fn: Callable[..., object]) -> Kernel:
     )
 
 
+def _assert_scalar(cond: object, message: object) -> None:
+    """A check the program keeps on a value read from tensor data (``torch._check``)."""
+    if not cond:
+        raise RuntimeError(str(message))
+
+
 # The runtime primitives of the format (schema.PRIM_OPERATORS): symbolic-int arithmetic a
-# program carries between tensor ops (sizes of dynamic dimensions). Python's operators give the
-# exact int semantics.
+# program carries between tensor ops (sizes of dynamic dimensions), and a one-element tensor's
+# value (``Tensor.item()``). Python's operators give the exact int semantics.
 _SCALAR_KERNELS: Mapping[str, tuple[int, Callable[..., object]]] = {
     "aten::sym_size.int": (2, lambda t, d: t.size(d)),
     "aten::sym_numel.default": (1, lambda t: t.numel()),
     "aten::sym_storage_offset.default": (1, lambda t: t.storage_offset()),
+    "aten::_local_scalar_dense.default": (1, lambda t: t.item()),
+    "aten::_assert_scalar.default": (2, _assert_scalar),
     "exportir_prim::add.Scalar": (2, operator.add),
     "exportir_prim::sub.Scalar": (2, operator.sub),
     "exportir_prim::mul.Scalar": (2, operator.mul),

@@ -121,6 +121,9 @@ _PRIM_PARAMS: Mapping[str, tuple[Param, ...]] = {
     "aten::sym_size.int": (Param("self", _TENSOR), Param("dim", frozenset({schema.Int}))),
     "aten::sym_numel.default": (Param("self", _TENSOR),),
     "aten::sym_storage_offset.default": (Param("self", _TENSOR),),
+    "aten::_local_scalar_dense.default": (Param("self", _TENSOR),),
+    "aten::_assert_scalar.default": (Param("self", frozenset({schema.Bool})),
+                                     Param("assert_msg", frozenset({schema.String}))),
 }
 _INT: Kinds = frozenset({schema.Int})
 _COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge")
@@ -130,6 +133,8 @@ _PRIM_RESULTS: Mapping[str, Kinds] = {
     "aten::sym_size.int": _INT,
     "aten::sym_numel.default": _INT,
     "aten::sym_storage_offset.default": _INT,
+    "aten::_local_scalar_dense.default": frozenset({schema.Int, schema.Double, schema.Bool}),
+    "aten::_assert_scalar.default": frozenset({schema.Null}),
     "exportir_prim::truediv.Scalar": frozenset({schema.Double}),
     **{f"exportir_prim::{c}.Scalar": frozenset({schema.Bool}) for c in _COMPARISONS},
 }

@@ -54,10 +54,11 @@ def _calls(graph: Any) -> list[Any]:
 
 aten = torch.ops.aten
 
-# ATen ops on symbolic sizes: allowed as plain ATen ops (they compute shapes, not tensors).
+# ATen ops on symbolic sizes, and assertions on data-dependent scalars: allowed as plain ATen
+# ops (they compute and check shapes and scalars, not tensors).
 _SYMBOLIC_OPS = frozenset({
     aten.sym_size.int, aten.sym_numel.default, aten.sym_stride.int,
-    aten.sym_storage_offset.default,
+    aten.sym_storage_offset.default, aten._assert_scalar.default,
 })  # fmt: skip
 
 _DISABLE_HINT = "or skip the Edge checks: to_edge(..., compile_config=EdgeCompileConfig(_check_ir_validity=False))"

@@ -16,6 +16,7 @@ from torch._ops import HigherOrderOperator
 
 from exportir import pytree
 from exportir.export.capture._finalize import finalize_retrace
+from exportir.export.capture._runtime_asserts import insert_runtime_asserts
 from exportir.export.capture._view_replay import ViewReplay, mutation_roots
 from exportir.export.capture.extension import NO_EXTENSION, CaptureExtension
 from exportir.export.capture.fake import fake_like, shape_env_of
@@ -132,6 +133,7 @@ def _retrace_once(
         rec.origin = result if known else output
         flat_out.extend(_output_value(rec, o) for o in pytree.tree_leaves(_lookup(result, env)))
     rec.graph.output(tuple(flat_out))
+    insert_runtime_asserts(rec.graph, rec.shape_env)
     return extension.finish(finalize_retrace(rec), rec.subgraphs)
 
 

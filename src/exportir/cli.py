@@ -2,9 +2,15 @@
 
 ::
 
-    exportir export MODULE:FACTORY [--example-inputs SPEC ...] [--backend fused_cpu] -o model.xpt
-    exportir inspect model.xpt [--method NAME]
+    exportir export MODULE:FACTORY [--example-inputs SPEC ...] [--dynamic DIMSPEC ...]
+                    [--backend fused_cpu] -o model.xpt
+    exportir lower model.pt2 [--backend fused_cpu] -o model.xpt
+    exportir inspect model.xpt [--summary [--top N]] [--method NAME]
     exportir run model.xpt [--method NAME] [--inputs SPEC ...] [--repeat N]
+
+Every subcommand takes ``--import MODULE`` (repeatable): a module (or ``.py`` file) imported
+before anything else, e.g. the library defining a model's ``torch.library`` custom ops; ``run``
+registers the operators it defines with the runtime. ``docs/cli.md`` describes every flag.
 
 ``MODULE`` is an importable module (``pkg.models``, resolved from the current directory too) or a
 Python file (``models/net.py``); ``FACTORY`` names an attribute of it: an ``nn.Module`` instance,
@@ -19,6 +25,8 @@ An input ``SPEC`` is one of:
   (integers for integer dtypes);
 * a ``.npy`` file (loaded without pickle);
 * a Python literal scalar: ``3``, ``0.5``, ``true``, ``false``, ``none``.
+
+A ``DIMSPEC`` (``--dynamic``) is ``INPUT:DIM=NAME[MIN,MAX]`` (see :mod:`exportir.cli_dynamic`).
 
 ``export --backend fused_cpu`` delegates what the fused CPU backend's partitioner claims. ``run``
 registers that backend's executor, so delegated programs run too. ``run`` without ``--inputs``
@@ -130,10 +138,8 @@ def random_tensor(
 # ------------------------------------------------------------------------------ export
 
 
-def _import_target(target: str) -> Any:
-    module_name, sep, attr = target.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise CliError(f"expected MODULE:FACTORY (e.g. mypkg.models:make_model); got {target!r}")
+def _load_module(module_name: str) -> Any:
+    """Import a dotted module (found from the current directory too) or a ``.py`` file."""
     if module_name.endswith(".py") or "/" in module_name:
         path = Path(module_name)
         if not path.is_file():
@@ -151,6 +157,25 @@ def _import_target(target: str) -> Any:
             module = importlib.import_module(module_name)
         except ImportError as exc:
             raise CliError(f"cannot import module {module_name!r}: {exc}") from exc
+    return module
+
+
+def import_modules(names: Sequence[str]) -> list[str]:
+    """Import the ``--import`` modules; returns the ``torch.library`` operators they defined
+    (``namespace::name``)."""
+    if not names:
+        return []
+    before = set(torch._C._dispatch_get_all_op_names())
+    for name in names:
+        _load_module(name)
+    return sorted(set(torch._C._dispatch_get_all_op_names()) - before)
+
+
+def _import_target(target: str) -> Any:
+    module_name, sep, attr = target.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise CliError(f"expected MODULE:FACTORY (e.g. mypkg.models:make_model); got {target!r}")
+    module = _load_module(module_name)
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -186,35 +211,81 @@ def _model_and_inputs(
     return (module.train() if train else module.eval()), args, kwargs
 
 
-def cmd_export(ns: argparse.Namespace) -> int:
-    generator = torch.Generator().manual_seed(ns.seed)
-    torch.manual_seed(ns.seed)
-    module, args, kwargs = _model_and_inputs(ns.target, ns.example_inputs, ns.train, generator)
+def _dynamic_shapes(ns: argparse.Namespace, module: torch.nn.Module, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> Any:
+    from exportir.cli_dynamic import DimSpecError, dynamic_shapes, parse_dynamic
 
+    texts = [t for group in (ns.dynamic or []) for t in group]
+    try:
+        return dynamic_shapes(parse_dynamic(texts), module, args, kwargs)
+    except DimSpecError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _capture(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+             dynamic: Any) -> Any:
     from exportir.export import export
+    from exportir.export.dynamic.dims import UserError
+
+    try:
+        return export(module, args, kwargs, dynamic_shapes=dynamic)
+    except UserError as exc:
+        if dynamic is None:
+            raise
+        raise CliError(f"export refused the --dynamic specs:\n{exc}") from None
+
+
+def _lower_and_write(ep: Any, backend: str | None, output: str, stages: Any) -> int:
+    """to_edge (and the backend), to_program, write ``output``; the stages are printed."""
     from exportir.program.manager import to_edge
 
-    def stage(name: str, fn: Any) -> Any:
-        start = time.perf_counter()
-        result = fn()
-        print(f"{name:<12} {1000 * (time.perf_counter() - start):9.1f} ms")
-        return result
-
-    ep = stage("export", lambda: export(module, args, kwargs))
-    edge = stage("to_edge", lambda: to_edge(ep))
-    if ns.backend == "fused_cpu":
+    edge = stages.run("to_edge", lambda: to_edge(ep))
+    if backend == "fused_cpu":
         from exportir.backends.fused_cpu import FusedCpuPartitioner
 
-        edge = stage("to_backend", lambda: edge.to_backend(FusedCpuPartitioner()))
-    prog = stage("to_program", edge.to_program)
-    data = stage("serialize", lambda: prog.buffer)
-    out = Path(ns.output)
-    out.write_bytes(data)
+        edge = stages.run("to_backend", lambda: edge.to_backend(FusedCpuPartitioner()))
+    prog = stages.run("to_program", edge.to_program)
+    data = stages.run("serialize", lambda: prog.buffer)
+    out = Path(output)
+    try:
+        out.write_bytes(data)
+    except OSError as exc:
+        raise CliError(f"cannot write {output}: {exc.strerror or exc}") from exc
     weights = sum(c.nbytes for c in prog.program.constants)
     print(f"wrote {out} ({len(data)} bytes; constants {weights} bytes; "
           f"{len(prog.program.delegates)} delegate(s); methods "
           f"{', '.join(prog.program.method_names)})")
     return 0
+
+
+def cmd_export(ns: argparse.Namespace) -> int:
+    from exportir.cli_progress import Stages
+
+    generator = torch.Generator().manual_seed(ns.seed)
+    torch.manual_seed(ns.seed)
+    module, args, kwargs = _model_and_inputs(ns.target, ns.example_inputs, ns.train, generator)
+    dynamic = _dynamic_shapes(ns, module, args, kwargs)
+    stages = Stages()
+    ep = stages.run("export", lambda: _capture(module, args, kwargs, dynamic))
+    if dynamic is not None:
+        print(f"{'':<12} {'':>10}  {_ranges_text(ep)}")
+    return _lower_and_write(ep, ns.backend, ns.output, stages)
+
+
+def _ranges_text(ep: Any) -> str:
+    ranges = ", ".join(f"{sym} in [{r.lower}, {r.upper}]" for sym, r in ep.range_constraints.items())
+    return f"dynamic sizes: {ranges or 'none (every dimension was specialized)'}"
+
+
+def cmd_lower(ns: argparse.Namespace) -> int:
+    import exportir
+    from exportir.cli_progress import Stages
+
+    stages = Stages()
+    if not Path(ns.path).is_file():
+        raise CliError(f"no such file: {ns.path}")
+    ep = stages.run("load", lambda: exportir.load(ns.path), note=f"({ns.path})")
+    return _lower_and_write(ep, ns.backend, ns.output, stages)
 
 
 # ------------------------------------------------------------------------------ inspect, run
@@ -233,6 +304,13 @@ def cmd_inspect(ns: argparse.Namespace) -> int:
     data = _read_file(ns.path)
     program = serialize.deserialize_program(data)
     layout = serialize.read_layout(data)
+    if ns.summary:
+        from exportir.cli_summary import format_summary
+
+        if ns.top < 1:
+            raise CliError(f"--top must be at least 1; got {ns.top}")
+        print(format_summary(ns.path, program, layout, ns.top), end="")
+        return 0
     if ns.method is None:
         print(printer.format_program(program, layout), end="")
         return 0
@@ -286,27 +364,67 @@ def _delegate_registry() -> Any:
     return default_delegate_registry()
 
 
-def cmd_run(ns: argparse.Namespace) -> int:
-    from exportir.runtime import Program
+def _kernel_registry(imported_ops: Sequence[str]) -> Any:
+    """The default kernels plus the operators the ``--import`` modules defined (on purpose)."""
+    if not imported_ops:
+        return None
+    from exportir.runtime import default_kernel_registry
+
+    kernels = default_kernel_registry()
+    for name in imported_ops:
+        namespace, _, op = name.partition("::")
+        kernels.register_op(getattr(getattr(torch.ops, namespace), op))
+    return kernels
+
+
+# torch imports this module the first time one of its Python meta kernels runs (they are
+# wrapped in torch._disable_dynamo); binding kernels runs some, so the first method prepared
+# in a process pays for the import.
+_TORCH_WARMUP_MODULE = "torch._dynamo"
+
+
+def _prepare(program: Any, name: str) -> tuple[Any, float, float]:
+    """(method, seconds, of which seconds torch spent importing ``_TORCH_WARMUP_MODULE``)."""
+    from exportir.cli_progress import ImportClock
 
     start = time.perf_counter()
-    program = Program.load(ns.path, delegates=_delegate_registry(), verify_data=not ns.no_verify)
-    loaded = time.perf_counter()
-    method = program.method(ns.method)
-    prepared = time.perf_counter()
+    with ImportClock(_TORCH_WARMUP_MODULE) as clock:
+        method = program.method(name)
+    return method, time.perf_counter() - start, clock.seconds
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    from exportir.cli_progress import Stages, format_seconds
+    from exportir.runtime import Program
+
+    stages = Stages()
+    kernels = _kernel_registry(getattr(ns, "imported_ops", ()))
+    program = stages.run(
+        "load",
+        lambda: Program.load(ns.path, kernels=kernels, delegates=_delegate_registry(),
+                             verify_data=not ns.no_verify),
+        note=f"({ns.path}: read and validated)",
+    )
+    method, seconds, warmup = _prepare(program, ns.method)
+    torch_note = (f"; {format_seconds(warmup)} of it is torch importing {_TORCH_WARMUP_MODULE} "
+                  "for its Python meta kernels, once per process") if warmup > 0.05 else ""
+    stages.line("prepare", format_seconds(seconds),
+                f"(method {ns.method!r}: {method.num_instructions} instructions bound to "
+                f"kernels, arenas {list(method.arena_bytes)} B{torch_note})")
     generator = torch.Generator().manual_seed(ns.seed)
     if ns.inputs:
         inputs = [parse_input(s, generator) for s in ns.inputs]
     else:
         inputs = _random_inputs(method, generator)
-    print(f"load         {1000 * (loaded - start):9.2f} ms  ({ns.path})")
-    print(f"prepare      {1000 * (prepared - loaded):9.2f} ms  (method {ns.method!r}, "
-          f"{method.num_instructions} instructions, arenas {list(method.arena_bytes)} B)")
     for k, x in enumerate(inputs):
         print(f"input {k:<6} {_describe(x)}")
     outputs: tuple[Any, ...] = ()
-    for _ in range(ns.warmup):
+    for k in range(ns.warmup):
+        t0 = time.perf_counter()
         outputs = method.execute(inputs)
+        if k == 0:
+            stages.line("first call", format_seconds(time.perf_counter() - t0),
+                        "(warm-up: torch's first run of each kernel; not timed below)")
     times = []
     for _ in range(max(ns.repeat, 1)):
         t0 = time.perf_counter()
@@ -321,6 +439,12 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------ main
+
+
+def _add_import(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE (dotted name or .py file) first, e.g. a custom-op "
+                        "library; repeatable")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -338,16 +462,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("target", help="MODULE:FACTORY (module path or .py file, attribute)")
     p.add_argument("--example-inputs", nargs="+", metavar="SPEC",
                    help="example inputs: DTYPE[SHAPE] (random), file.npy, or scalars")
+    p.add_argument("--dynamic", nargs="+", action="append", metavar="DIMSPEC",
+                   help="dynamic dimensions: INPUT:DIM=NAME[MIN,MAX] (INPUT: name or position "
+                        "of an input; the same NAME is the same Dim), e.g. x:0=batch[1,64]; "
+                        "several per flag, repeatable")
     p.add_argument("-o", "--output", required=True, help="program file to write (.xpt)")
     p.add_argument("--train", action="store_true", help="export in training mode (default eval)")
     p.add_argument("--backend", choices=["fused_cpu"],
                    help="delegate the subgraphs this backend supports")
     p.add_argument("--seed", type=int, default=0, help="seed for random inputs and the factory")
+    _add_import(p)
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("lower", help="lower a saved ExportedProgram (.pt2) to a program file")
+    p.add_argument("path", help="an ExportedProgram archive written by exportir.save")
+    p.add_argument("-o", "--output", required=True, help="program file to write (.xpt)")
+    p.add_argument("--backend", choices=["fused_cpu"],
+                   help="delegate the subgraphs this backend supports")
+    _add_import(p)
+    p.set_defaults(func=cmd_lower)
 
     p = sub.add_parser("inspect", help="print a program file's methods, ops, plan and sizes")
     p.add_argument("path")
+    p.add_argument("--summary", action="store_true",
+                   help="one screen: inputs/outputs, op histogram, delegates, memory, sizes")
+    p.add_argument("--top", type=int, default=10,
+                   help="operator kinds shown by --summary (default 10)")
     p.add_argument("--method", help="only this method")
+    _add_import(p)
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("run", help="load a program file and run a method, with timing")
@@ -360,6 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-verify", action="store_true",
                    help="skip the data segment checksum (the structure is still validated)")
+    _add_import(p)
     p.set_defaults(func=cmd_run)
     return parser
 
@@ -371,6 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from exportir.runtime.errors import MethodInputError, RuntimeFailure, UnknownMethodError
 
     try:
+        ns.imported_ops = import_modules(getattr(ns, "imports", None) or [])
         return ns.func(ns)
     except CliError as exc:
         print(f"exportir: error: {exc}", file=sys.stderr)

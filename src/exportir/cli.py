@@ -236,14 +236,21 @@ def _capture(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
 
 
 def _lower_and_write(ep: Any, backend: str | None, output: str, stages: Any) -> int:
-    """to_edge (and the backend), to_program, write ``output``; the stages are printed."""
+    """to_edge (with the backend: to_edge_transform_and_lower), to_program, write ``output``;
+    the stages are printed."""
     from exportir.program.manager import to_edge
 
-    edge = stages.run("to_edge", lambda: to_edge(ep))
     if backend == "fused_cpu":
         from exportir.backends.fused_cpu import FusedCpuPartitioner
+        from exportir.program.transform_and_lower import to_edge_transform_and_lower
 
-        edge = stages.run("to_backend", lambda: edge.to_backend(FusedCpuPartitioner()))
+        edge = stages.run(
+            "lower",
+            lambda: to_edge_transform_and_lower(ep, partitioner=[FusedCpuPartitioner()]),
+            note="(to_edge_transform_and_lower: to_edge, then fused_cpu claims what it runs)",
+        )
+    else:
+        edge = stages.run("to_edge", lambda: to_edge(ep))
     prog = stages.run("to_program", edge.to_program)
     data = stages.run("serialize", lambda: prog.buffer)
     out = Path(output)
@@ -255,7 +262,17 @@ def _lower_and_write(ep: Any, backend: str | None, output: str, stages: Any) -> 
     print(f"wrote {out} ({len(data)} bytes; constants {weights} bytes; "
           f"{len(prog.program.delegates)} delegate(s); methods "
           f"{', '.join(prog.program.method_names)})")
+    for m in prog.program.methods:
+        if m.symbols:
+            ranges = ", ".join(f"{r.name} in [{r.min}, {'inf' if r.max is None else r.max}]"
+                               for r in m.symbols)
+            print(f"  method {m.name!r} accepts dynamic sizes: {ranges}")
     return 0
+
+
+def _import_compiler() -> None:
+    importlib.import_module("exportir.export")
+    importlib.import_module("exportir.program.manager")
 
 
 def cmd_export(ns: argparse.Namespace) -> int:
@@ -266,15 +283,9 @@ def cmd_export(ns: argparse.Namespace) -> int:
     module, args, kwargs = _model_and_inputs(ns.target, ns.example_inputs, ns.train, generator)
     dynamic = _dynamic_shapes(ns, module, args, kwargs)
     stages = Stages()
+    stages.run("imports", _import_compiler, note="(exportir's compiler)")
     ep = stages.run("export", lambda: _capture(module, args, kwargs, dynamic))
-    if dynamic is not None:
-        print(f"{'':<12} {'':>10}  {_ranges_text(ep)}")
     return _lower_and_write(ep, ns.backend, ns.output, stages)
-
-
-def _ranges_text(ep: Any) -> str:
-    ranges = ", ".join(f"{sym} in [{r.lower}, {r.upper}]" for sym, r in ep.range_constraints.items())
-    return f"dynamic sizes: {ranges or 'none (every dimension was specialized)'}"
 
 
 def cmd_lower(ns: argparse.Namespace) -> int:
@@ -284,6 +295,7 @@ def cmd_lower(ns: argparse.Namespace) -> int:
     stages = Stages()
     if not Path(ns.path).is_file():
         raise CliError(f"no such file: {ns.path}")
+    stages.run("imports", _import_compiler, note="(exportir's compiler)")
     ep = stages.run("load", lambda: exportir.load(ns.path), note=f"({ns.path})")
     return _lower_and_write(ep, ns.backend, ns.output, stages)
 
@@ -523,7 +535,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except ProgramLoadError as exc:
-        print(f"exportir: error: {ns.path}: not a valid program file: {exc}", file=sys.stderr)
+        hint = ("\n  with the exportir command: pass --import MODULE (the module defining the op); "
+                "`run` registers the operators it defines" if "torch.library" in str(exc) else "")
+        print(f"exportir: error: {ns.path}: not a valid program file: {exc}{hint}",
+              file=sys.stderr)
         return 1
     except OSError as exc:
         print(f"exportir: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
@@ -535,7 +550,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ns.debug:
             raise
         # compiler errors (export, to_edge, to_program) carry their own explanation
-        print(f"exportir: error: {type(exc).__name__}: {exc}\n(run with --debug for the "
+        hint = ("\n(an operator library that is not imported? pass --import MODULE)"
+                if "_OpNamespace" in str(exc) else "")
+        print(f"exportir: error: {type(exc).__name__}: {exc}{hint}\n(run with --debug for the "
               "traceback)", file=sys.stderr)
         return 1
 

@@ -44,9 +44,17 @@ class _DelayedBar:
         return self
 
     def _show(self) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
+        try:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                Progress,
+                SpinnerColumn,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+        except ImportError:  # plain lines only
+            return
         with self._lock:
             if self._done:
                 return

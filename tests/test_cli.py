@@ -357,8 +357,8 @@ def test_inspect_summary_fits_one_screen(exported, workdir, in_workdir, capsys):
     assert len(out.splitlines()) < 40
     assert "Method 'forward'" in out and "x: f32[2, 6]" in out
     assert "instructions: 1 (1 delegate calls)" in out
-    assert "Delegates (1):" in out and "#0 FusedCpuBackend: blob" in out
-    assert "fused op(s) of" in out and "linear" in out
+    assert "Delegates (1): FusedCpuBackend x1" in out and "#0 FusedCpuBackend, blob" in out
+    assert "fused op(s) in all:" in out and "linear x" in out
     assert "memory:" in out and "Size breakdown:" in out
     assert in_workdir(["inspect", "net.xpt", "--summary", "--top", "1"]) == 0
     out = capsys.readouterr().out

@@ -10,6 +10,7 @@ blob decoders (no compiler).
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from exportir.program import schema
@@ -91,41 +92,73 @@ def _symbols(m: schema.Method) -> list[str]:
     return [f"  dynamic sizes: {ranges}"]
 
 
-def _fused_cpu(blob: bytes | memoryview, top: int) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class _BlobContents:
+    """What a delegate blob holds, as far as its backend's decoder tells."""
+
+    ops: Counter[str]
+    constants: int = 0
+    constant_bytes: int = 0
+    problem: str = ""
+
+
+def _fused_cpu(blob: bytes | memoryview) -> _BlobContents:
     from exportir.runtime.backends.fused_cpu.format import FusedCpuBlobError, decode_blob
 
     try:
         decoded = decode_blob(blob)
     except FusedCpuBlobError as exc:
-        return [f"      unreadable blob: {exc}"]
-    kinds = Counter(op.name for op in decoded.ops)
+        return _BlobContents(Counter(), problem=f"unreadable blob: {exc}")
+    kinds = Counter(op.name.removeprefix("aten.").removesuffix(".default") for op in decoded.ops)
     weights = sum(t.nbytes for _, t in decoded.constants)
-    shown = ", ".join(f"{name.removeprefix('aten.')} x{n}" for name, n in kinds.most_common(top))
-    more = f", ... ({len(kinds) - top} more kinds)" if len(kinds) > top else ""
-    counts = (f"      {len(decoded.ops)} fused op(s) of {len(kinds)} kind(s), "
-              f"{len(decoded.inputs)} input(s), {len(decoded.outputs)} output(s), "
-              f"{len(decoded.constants)} constant(s) ({human_bytes(weights)})")
-    return [
-        counts,
-        f"      ops: {shown}{more}" if kinds else "      ops: (none)",
-    ]
+    return _BlobContents(kinds, len(decoded.constants), weights)
 
 
-# Backend id -> what its blob holds (the backends exportir ships).
+# Backend id -> reader of what its blob holds (the backends exportir ships).
 _DESCRIBE = {"FusedCpuBackend": _fused_cpu}
+
+# More delegates than this: the largest ones are listed, with totals for all.
+_MAX_DELEGATE_LINES = 8
+
+
+def _kinds_text(ops: Counter[str], top: int) -> str:
+    shown = ", ".join(f"{name} x{n}" for name, n in ops.most_common(top))
+    return shown + (f", ... ({len(ops) - top} more kinds)" if len(ops) > top else "")
+
+
+def _delegate_line(d: int, g: schema.Delegate, c: _BlobContents | None) -> str:
+    head = f"  #{d} {g.backend_id}, blob {human_bytes(g.nbytes)}"
+    if c is None:
+        return head + " (a backend exportir does not ship: contents not shown)"
+    if c.problem:
+        return f"{head}: {c.problem}"
+    return (f"{head}: {sum(c.ops.values())} fused op(s) ({_kinds_text(c.ops, 3)}), "
+            f"{c.constants} constant(s) ({human_bytes(c.constant_bytes)})")
 
 
 def _delegates(p: schema.Program, top: int) -> list[str]:
     if not p.delegates:
         return ["Delegates: none"]
-    lines = [f"Delegates ({len(p.delegates)}):"]
-    for d, g in enumerate(p.delegates):
-        specs = ", ".join(s.key for s in g.compile_specs)
-        lines.append(f"  #{d} {g.backend_id}: blob {human_bytes(g.nbytes)}"
-                     + (f", compile specs: {specs}" if specs else ""))
+    contents = []
+    for g in p.delegates:
         describe = _DESCRIBE.get(g.backend_id)
-        unknown = "      (a backend exportir does not ship: contents not shown)"
-        lines += describe(g.data, top) if describe else [unknown]
+        contents.append(describe(g.data) if describe else None)
+    backends = Counter(g.backend_id for g in p.delegates)
+    total_ops: Counter[str] = Counter()
+    for c in contents:
+        total_ops.update(c.ops if c is not None else {})
+    lines = [f"Delegates ({len(p.delegates)}): "
+             + ", ".join(f"{b} x{n}" for b, n in backends.items())
+             + f", blobs {human_bytes(sum(g.nbytes for g in p.delegates))}"]
+    if total_ops:
+        lines.append(f"  {sum(total_ops.values())} fused op(s) in all: "
+                     f"{_kinds_text(total_ops, top)}")
+    order = sorted(range(len(p.delegates)), key=lambda d: -p.delegates[d].nbytes)
+    shown = sorted(order[:_MAX_DELEGATE_LINES])
+    lines += [_delegate_line(d, p.delegates[d], contents[d]) for d in shown]
+    if len(order) > len(shown):
+        lines.append(f"  ... {len(order) - len(shown)} smaller delegate(s) (all of them: "
+                     "exportir inspect without --summary)")
     return lines
 
 

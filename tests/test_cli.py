@@ -364,3 +364,19 @@ def test_inspect_summary_fits_one_screen(exported, workdir, in_workdir, capsys):
     out = capsys.readouterr().out
     assert "operators (top 1 of" in out and "more call(s)" in out and "Delegates: none" in out
     assert in_workdir(["inspect", "net.xpt", "--summary", "--top", "0"]) == 2
+
+
+def test_stages_print_one_plain_line_per_step(monkeypatch):
+    import io
+    import time
+
+    from exportir import cli_progress
+
+    monkeypatch.setattr(cli_progress, "SHOW_AFTER", 0.01)
+    for live in (False, True):  # live: the bar starts after SHOW_AFTER and is removed at the end
+        out = io.StringIO()
+        stages = cli_progress.Stages(out=out, live=live)
+        assert stages.run("slow", lambda: time.sleep(0.2) or 7, note=lambda r: f"({r})") == 7
+        line = out.getvalue().splitlines()[-1]
+        assert line.startswith("slow") and line.endswith("ms  (7)") and "\x1b" not in line
+    assert cli_progress.Stages(out=io.StringIO()).live is False  # not a terminal

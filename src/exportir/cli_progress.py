@@ -36,31 +36,36 @@ class _DelayedBar:
         self._lock = threading.Lock()
         self._progress: Any = None
         self._done = False
+        self._start = 0.0
         self._timer = threading.Timer(SHOW_AFTER, self._show)
         self._timer.daemon = True
 
     def __enter__(self) -> Self:
+        self._start = time.perf_counter()
         self._timer.start()
         return self
 
     def _show(self) -> None:
         try:
             from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                Progress,
-                SpinnerColumn,
-                TextColumn,
-                TimeElapsedColumn,
-            )
+            from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, TextColumn
+            from rich.text import Text
         except ImportError:  # plain lines only
             return
+        started = self._start
+
+        class StepElapsed(ProgressColumn):
+            """The step's time so far (the bar itself starts a second late)."""
+
+            def render(self, task: Any) -> Text:
+                return Text(format_seconds(time.perf_counter() - started))
+
         with self._lock:
             if self._done:
                 return
             self._progress = Progress(
-                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                TimeElapsedColumn(), console=Console(file=self._out), transient=True,
+                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), StepElapsed(),
+                console=Console(file=self._out), transient=True,
             )
             self._progress.add_task(self._label, total=None)
             self._progress.start()

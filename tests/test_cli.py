@@ -339,6 +339,8 @@ def test_lower_a_saved_exported_program(workdir, in_workdir, capsys):
     x = torch.randn(9, 6)
     got = Program.load(workdir / "lowered.xpt").method()(x)
     torch.testing.assert_close(got, _eager(workdir, x))
+    assert in_workdir(["inspect", "net.pt2"]) == 2
+    assert "lower it first: exportir lower net.pt2" in capsys.readouterr().err
     assert in_workdir(["lower", "missing.pt2", "-o", "x.xpt"]) == 2
     assert "no such file: missing.pt2" in capsys.readouterr().err
     assert in_workdir(["export", "netmod:make", "--import", "no_such_mod", "-o", "x.xpt"]) == 2

@@ -310,10 +310,19 @@ def _read_file(path: str) -> bytes:
         raise CliError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
 
+def _refuse_archive(path: str, head: bytes) -> None:
+    """A zip archive (an ExportedProgram saved by exportir.save or torch.export.save) is not a
+    program file: say how to make one."""
+    if head[:4] == b"PK\x03\x04":
+        raise CliError(f"{path} is a zip archive (an ExportedProgram?), not a program file; "
+                       f"lower it first: exportir lower {path} -o model.xpt")
+
+
 def cmd_inspect(ns: argparse.Namespace) -> int:
     from exportir.program import printer, serialize
 
     data = _read_file(ns.path)
+    _refuse_archive(ns.path, data[:4])
     program = serialize.deserialize_program(data)
     layout = serialize.read_layout(data)
     if ns.summary:
@@ -410,6 +419,11 @@ def cmd_run(ns: argparse.Namespace) -> int:
     from exportir.runtime import Program
 
     stages = Stages()
+    try:
+        with open(ns.path, "rb") as f:
+            _refuse_archive(ns.path, f.read(4))
+    except OSError:
+        pass  # Program.load reports it
     kernels = _kernel_registry(getattr(ns, "imported_ops", ()))
     program = stages.run(
         "load",

@@ -362,6 +362,8 @@ def test_inspect_summary_fits_one_screen(exported, workdir, in_workdir, capsys):
     assert "Delegates (1): FusedCpuBackend x1" in out and "#0 FusedCpuBackend, blob" in out
     assert "fused op(s) in all:" in out and "linear x" in out
     assert "memory:" in out and "Size breakdown:" in out
+    assert in_workdir(["inspect", "d.xpt"]) == 0  # the full dump says what delegates hold too
+    assert "#0 FusedCpuBackend, blob" in capsys.readouterr().out
     assert in_workdir(["inspect", "net.xpt", "--summary", "--top", "1"]) == 0
     out = capsys.readouterr().out
     assert "operators (top 1 of" in out and "more call(s)" in out and "Delegates: none" in out

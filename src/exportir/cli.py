@@ -334,6 +334,10 @@ def cmd_inspect(ns: argparse.Namespace) -> int:
         return 0
     if ns.method is None:
         print(printer.format_program(program, layout), end="")
+        if program.delegates:
+            from exportir.cli_summary import format_delegates
+
+            print("\n" + "\n".join(format_delegates(program, limit=None)))
         return 0
     if ns.method not in program.method_names:
         raise CliError(f"{ns.path} has no method {ns.method!r}; it has "

@@ -16,7 +16,7 @@ from typing import Any
 from exportir.program import schema
 from exportir.program.printer import format_sizes, format_tensor_type, human_bytes
 
-__all__ = ["format_summary"]
+__all__ = ["format_delegates", "format_summary"]
 
 
 def _value_type(v: schema.EValue | None) -> str:
@@ -136,7 +136,9 @@ def _delegate_line(d: int, g: schema.Delegate, c: _BlobContents | None) -> str:
             f"{c.constants} constant(s) ({human_bytes(c.constant_bytes)})")
 
 
-def _delegates(p: schema.Program, top: int) -> list[str]:
+def format_delegates(p: schema.Program, top: int = 10,
+                     limit: int | None = _MAX_DELEGATE_LINES) -> list[str]:
+    """What the delegates hold: totals, then one line per delegate (the ``limit`` largest)."""
     if not p.delegates:
         return ["Delegates: none"]
     contents = []
@@ -154,7 +156,7 @@ def _delegates(p: schema.Program, top: int) -> list[str]:
         lines.append(f"  {sum(total_ops.values())} fused op(s) in all: "
                      f"{_kinds_text(total_ops, top)}")
     order = sorted(range(len(p.delegates)), key=lambda d: -p.delegates[d].nbytes)
-    shown = sorted(order[:_MAX_DELEGATE_LINES])
+    shown = sorted(order if limit is None else order[:limit])
     lines += [_delegate_line(d, p.delegates[d], contents[d]) for d in shown]
     if len(order) > len(shown):
         lines.append(f"  ... {len(order) - len(shown)} smaller delegate(s) (all of them: "
@@ -179,7 +181,7 @@ def format_summary(path: str, p: schema.Program, layout: Any, top: int = 10) -> 
         lines += _histogram(m, top)
         lines.append(_memory(m))
     lines.append("")
-    lines += _delegates(p, top)
+    lines += format_delegates(p, top)
     lines.append("")
     lines += format_sizes(p, layout)
     lines.append("")

@@ -541,7 +541,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
     from exportir.program.validate import ProgramLoadError
-    from exportir.runtime.errors import MethodInputError, RuntimeFailure, UnknownMethodError
+    from exportir.runtime.errors import (
+        MethodInputError,
+        MissingKernelError,
+        RuntimeFailure,
+        UnknownMethodError,
+    )
 
     try:
         ns.imported_ops = import_modules(getattr(ns, "imports", None) or [])
@@ -552,11 +557,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and the like
         sys.stderr.close()
         return 0
-    except ProgramLoadError as exc:
+    except MissingKernelError as exc:
         hint = ("\n  with the exportir command: pass --import MODULE (the module defining the op); "
                 "`run` registers the operators it defines" if "torch.library" in str(exc) else "")
-        print(f"exportir: error: {ns.path}: not a valid program file: {exc}{hint}",
-              file=sys.stderr)
+        print(f"exportir: error: {ns.path}: cannot load: {exc}{hint}", file=sys.stderr)
+        return 1
+    except ProgramLoadError as exc:
+        print(f"exportir: error: {ns.path}: not a valid program file: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
         print(f"exportir: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)

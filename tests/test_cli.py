@@ -208,6 +208,20 @@ def test_parse_input_specs():
         parse_input("what")
 
 
+def test_example_inputs_take_keyword_specs(workdir, in_workdir, capsys):
+    from exportir.cli import CliError, _example_inputs
+
+    args, kwargs = _example_inputs(["i64[2,8]:0:100", "attention_mask=f32[2,8]", "scale=0.5"],
+                                   torch.Generator())
+    assert args[0].dtype == torch.int64 and kwargs["attention_mask"].shape == (2, 8)
+    assert kwargs["scale"] == 0.5
+    with pytest.raises(CliError, match="after keyword inputs"):
+        _example_inputs(["x=f32[2]", "f32[2]"], torch.Generator())
+    assert in_workdir(["export", "netmod:make_plain", "--example-inputs", "x=f32[3,6]",
+                       "--dynamic", "x:0=rows[1,8]", "-o", "kw.xpt"]) == 0
+    assert "rows in [1, 8]" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------------------ dynamic shapes
 
 

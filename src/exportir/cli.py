@@ -26,6 +26,8 @@ An input ``SPEC`` is one of:
 * a ``.npy`` file (loaded without pickle);
 * a Python literal scalar: ``3``, ``0.5``, ``true``, ``false``, ``none``.
 
+``export --example-inputs`` also takes ``NAME=SPEC``: a keyword argument of ``forward``.
+
 A ``DIMSPEC`` (``--dynamic``) is ``INPUT:DIM=NAME[MIN,MAX]`` (see :mod:`exportir.cli_dynamic`).
 
 ``export --backend fused_cpu`` delegates what the fused CPU backend's partitioner claims. ``run``
@@ -204,7 +206,7 @@ def _model_and_inputs(
         raise CliError(f"{target} returned {type(made).__name__}; expected an nn.Module or a "
                        "(module, args[, kwargs]) tuple")
     if specs:
-        args, kwargs = tuple(parse_input(s, generator) for s in specs), {}
+        args, kwargs = _example_inputs(specs, generator)
     elif not args and not kwargs:
         raise CliError(f"{target} gives a module without example inputs; pass "
                        "--example-inputs (e.g. --example-inputs f32[1,16])")
@@ -275,15 +277,38 @@ def _import_compiler() -> None:
     importlib.import_module("exportir.program.manager")
 
 
+_KEYWORD = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<spec>.+)$")
+
+
+def _example_inputs(
+    specs: Sequence[str], generator: torch.Generator
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Positional SPECs, then keyword ones written ``NAME=SPEC`` (``attention_mask=i64[1,8]``)."""
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for spec in specs:
+        keyword = _KEYWORD.match(spec.strip())
+        if keyword is None:
+            if kwargs:
+                raise CliError(f"positional input {spec!r} after keyword inputs; give the "
+                               "NAME=SPEC inputs last")
+            args.append(parse_input(spec, generator))
+        elif keyword["name"] in kwargs:
+            raise CliError(f"input {keyword['name']!r} given twice")
+        else:
+            kwargs[keyword["name"]] = parse_input(keyword["spec"], generator)
+    return tuple(args), kwargs
+
+
 def cmd_export(ns: argparse.Namespace) -> int:
     from exportir.cli_progress import Stages
 
     generator = torch.Generator().manual_seed(ns.seed)
     torch.manual_seed(ns.seed)
     module, args, kwargs = _model_and_inputs(ns.target, ns.example_inputs, ns.train, generator)
-    dynamic = _dynamic_shapes(ns, module, args, kwargs)
     stages = Stages()
     stages.run("imports", _import_compiler, note="(exportir's compiler)")
+    dynamic = _dynamic_shapes(ns, module, args, kwargs)
     ep = stages.run("export", lambda: _capture(module, args, kwargs, dynamic))
     return _lower_and_write(ep, ns.backend, ns.output, stages)
 
@@ -491,7 +516,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="export MODULE:FACTORY to a program file")
     p.add_argument("target", help="MODULE:FACTORY (module path or .py file, attribute)")
     p.add_argument("--example-inputs", nargs="+", metavar="SPEC",
-                   help="example inputs: DTYPE[SHAPE] (random), file.npy, or scalars")
+                   help="example inputs: DTYPE[SHAPE] (random), file.npy, or scalars; "
+                        "NAME=SPEC for a keyword argument of forward")
     p.add_argument("--dynamic", nargs="+", action="append", metavar="DIMSPEC",
                    help="dynamic dimensions: INPUT:DIM=NAME[MIN,MAX] (INPUT: name or position "
                         "of an input; the same NAME is the same Dim), e.g. x:0=batch[1,64]; "

@@ -12,7 +12,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Self, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11; annotations only
 
 __all__ = ["ImportClock", "Stages", "format_seconds"]
 

@@ -350,12 +350,15 @@ def cmd_inspect(ns: argparse.Namespace) -> int:
     _refuse_archive(ns.path, data[:4])
     program = serialize.deserialize_program(data)
     layout = serialize.read_layout(data)
+    if ns.method is not None and ns.method not in program.method_names:
+        raise CliError(f"{ns.path} has no method {ns.method!r}; it has "
+                       f"{', '.join(program.method_names)}")
     if ns.summary:
         from exportir.cli_summary import format_summary
 
         if ns.top < 1:
             raise CliError(f"--top must be at least 1; got {ns.top}")
-        print(format_summary(ns.path, program, layout, ns.top), end="")
+        print(format_summary(ns.path, program, layout, ns.top, ns.method), end="")
         return 0
     if ns.method is None:
         print(printer.format_program(program, layout), end="")
@@ -364,9 +367,6 @@ def cmd_inspect(ns: argparse.Namespace) -> int:
 
             print("\n" + "\n".join(format_delegates(program, limit=None)))
         return 0
-    if ns.method not in program.method_names:
-        raise CliError(f"{ns.path} has no method {ns.method!r}; it has "
-                       f"{', '.join(program.method_names)}")
     print("\n".join(printer.format_method(program.method(ns.method), program)))
     print()
     print("\n".join(printer.format_sizes(program, layout)))

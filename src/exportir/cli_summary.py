@@ -164,8 +164,9 @@ def format_delegates(p: schema.Program, top: int = 10,
     return lines
 
 
-def format_summary(path: str, p: schema.Program, layout: Any, top: int = 10) -> str:
-    """The one-screen summary of program ``p`` read from ``path``."""
+def format_summary(path: str, p: schema.Program, layout: Any, top: int = 10,
+                   method: str | None = None) -> str:
+    """The one-screen summary of program ``p`` read from ``path`` (of one ``method`` if given)."""
     constants = sum(c.nbytes for c in p.constants)
     head = (f"{path}: exportir program, format {layout.major}.{layout.minor}, "
             f"{human_bytes(layout.file_size)}; {len(p.methods)} method(s), "
@@ -173,6 +174,8 @@ def format_summary(path: str, p: schema.Program, layout: Any, top: int = 10) -> 
             f"{len(p.delegates)} delegate(s)")
     lines = [head]
     for m in p.methods:
+        if method is not None and m.name != method:
+            continue
         lines.append("")
         lines.append(f"Method {m.name!r}")
         lines += _io_lines(m, "inputs", m.inputs, m.input_names)

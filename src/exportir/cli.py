@@ -433,14 +433,23 @@ def _kernel_registry(imported_ops: Sequence[str]) -> Any:
 _TORCH_WARMUP_MODULE = "torch._dynamo"
 
 
-def _prepare(program: Any, name: str) -> tuple[Any, float, float]:
-    """(method, seconds, of which seconds torch spent importing ``_TORCH_WARMUP_MODULE``)."""
+def _prepare(program: Any, name: str) -> tuple[Any, float]:
+    """(method, seconds torch spent importing ``_TORCH_WARMUP_MODULE`` meanwhile)."""
     from exportir.cli_progress import ImportClock
 
-    start = time.perf_counter()
     with ImportClock(_TORCH_WARMUP_MODULE) as clock:
         method = program.method(name)
-    return method, time.perf_counter() - start, clock.seconds
+    return method, clock.seconds
+
+
+def _prepare_note(name: str, prepared: tuple[Any, float]) -> str:
+    from exportir.cli_progress import format_seconds
+
+    method, warmup = prepared
+    torch_note = (f"; {format_seconds(warmup)} of it is torch importing {_TORCH_WARMUP_MODULE} "
+                  "for its Python meta kernels, once per process") if warmup > 0.05 else ""
+    return (f"(method {name!r}: {method.num_instructions} instructions bound to kernels, "
+            f"arenas {list(method.arena_bytes)} B{torch_note})")
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
@@ -460,12 +469,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
                              verify_data=not ns.no_verify),
         note=f"({ns.path}: read and validated)",
     )
-    method, seconds, warmup = _prepare(program, ns.method)
-    torch_note = (f"; {format_seconds(warmup)} of it is torch importing {_TORCH_WARMUP_MODULE} "
-                  "for its Python meta kernels, once per process") if warmup > 0.05 else ""
-    stages.line("prepare", format_seconds(seconds),
-                f"(method {ns.method!r}: {method.num_instructions} instructions bound to "
-                f"kernels, arenas {list(method.arena_bytes)} B{torch_note})")
+    method, _ = stages.run("prepare", lambda: _prepare(program, ns.method),
+                           note=lambda prepared: _prepare_note(ns.method, prepared))
     generator = torch.Generator().manual_seed(ns.seed)
     if ns.inputs:
         inputs = [parse_input(s, generator) for s in ns.inputs]

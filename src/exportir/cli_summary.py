@@ -55,6 +55,14 @@ def _io_lines(m: schema.Method, label: str, ids: tuple[int, ...],
     return [f"  {label} ({len(ids)}):"] + (lines or ["    (none)"])
 
 
+# Instruction kinds (the closed set of the format), in the order the summary counts them.
+_INSTRUCTION_WORDS = {
+    schema.KernelCall.__name__: "kernel calls", schema.DelegateCall.__name__: "delegate calls",
+    schema.MoveCall.__name__: "moves", schema.JumpFalseCall.__name__: "jumps",
+    schema.FreeCall.__name__: "frees",
+}
+
+
 def _histogram(m: schema.Method, top: int) -> list[str]:
     calls: Counter[str] = Counter()
     kinds: Counter[str] = Counter()
@@ -62,10 +70,7 @@ def _histogram(m: schema.Method, top: int) -> list[str]:
         kinds[type(ins).__name__] += 1
         if isinstance(ins, schema.KernelCall) and ins.op_index < len(m.operators):
             calls[str(m.operators[ins.op_index])] += 1
-    order = ("KernelCall", "DelegateCall", "MoveCall", "JumpFalseCall", "FreeCall")
-    words = {"KernelCall": "kernel calls", "DelegateCall": "delegate calls", "MoveCall": "moves",
-             "JumpFalseCall": "jumps", "FreeCall": "frees"}
-    parts = ", ".join(f"{kinds[k]} {words[k]}" for k in order if kinds[k])
+    parts = ", ".join(f"{kinds[k]} {word}" for k, word in _INSTRUCTION_WORDS.items() if kinds[k])
     lines = [f"  instructions: {len(m.instructions)} ({parts or 'none'})"]
     if calls:
         lines.append(f"  operators (top {min(top, len(calls))} of {len(calls)} kinds):")

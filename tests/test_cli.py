@@ -179,6 +179,7 @@ def test_run_and_inspect_do_not_load_the_compiler(exported):
         from exportir.cli import main
         assert main(["run", {str(exported)!r}, "--repeat", "1"]) == 0
         assert main(["inspect", {str(exported)!r}]) == 0
+        assert main(["inspect", "--summary", {str(exported)!r}]) == 0
         bad = [m for m in sys.modules if m.startswith(("exportir.export", "exportir.fx",
                "exportir.dialects", "exportir.passes", "exportir.program.emit",
                "exportir.backends.fused_cpu.backend",

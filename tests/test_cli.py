@@ -58,8 +58,9 @@ def workdir(tmp_path_factory) -> Path:
 def exported(workdir) -> Path:
     done = exportir("export", "netmod:make", "-o", "net.xpt", cwd=workdir)
     assert done.returncode == 0, done.stderr
-    for stage in ("export", "to_edge", "to_program", "wrote net.xpt"):
+    for stage in ("imports", "export", "to_edge", "to_program", "wrote net.xpt"):
         assert stage in done.stdout
+    assert "\x1b" not in done.stdout + done.stderr and "\r" not in done.stdout  # not a TTY
     return workdir / "net.xpt"
 
 
@@ -106,7 +107,7 @@ def test_export_from_a_file_path_with_example_input_specs(workdir, in_workdir, c
 def test_export_delegated_and_run(workdir, in_workdir, capsys):
     assert in_workdir(["export", "netmod:make", "--backend", "fused_cpu", "-o", "d.xpt"]) == 0
     out = capsys.readouterr().out
-    assert "to_backend" in out and "1 delegate(s)" in out
+    assert "lower" in out and "1 delegate(s)" in out
     assert in_workdir(["run", "d.xpt", "--inputs", "f32[2,6]",
                        "--repeat", "1"]) == 0
     assert "output 0     float32[2, 3]" in capsys.readouterr().out
@@ -130,7 +131,9 @@ def test_run_with_random_inputs_prints_timing_and_outputs(exported, workdir):
     done = exportir("run", str(exported), "--repeat", "3", cwd=workdir)
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert "load" in out and "prepare" in out
+    assert "\x1b" not in out + done.stderr  # plain output when stdout is not a terminal
+    assert "load" in out and "prepare" in out and "bound to kernels" in out
+    assert "first call" in out and "warm-up" in out
     assert "execute" in out and "median" in out and "over 3 runs" in out
     assert "input 0      float32[2, 6]" in out
     assert "output 0     float32[2, 3]" in out
@@ -176,6 +179,7 @@ def test_run_and_inspect_do_not_load_the_compiler(exported):
         from exportir.cli import main
         assert main(["run", {str(exported)!r}, "--repeat", "1"]) == 0
         assert main(["inspect", {str(exported)!r}]) == 0
+        assert main(["inspect", "--summary", {str(exported)!r}]) == 0
         bad = [m for m in sys.modules if m.startswith(("exportir.export", "exportir.fx",
                "exportir.dialects", "exportir.passes", "exportir.program.emit",
                "exportir.backends.fused_cpu.backend",
@@ -203,3 +207,194 @@ def test_parse_input_specs():
         3, 0.5, True, None)
     with pytest.raises(CliError, match="cannot read input"):
         parse_input("what")
+
+
+def test_example_inputs_take_keyword_specs():
+    from exportir.cli import CliError, _example_inputs
+
+    args, kwargs = _example_inputs(["i64[2,8]:0:100", "attention_mask=f32[2,8]", "scale=0.5"],
+                                   torch.Generator())
+    assert args[0].dtype == torch.int64 and kwargs["attention_mask"].shape == (2, 8)
+    assert kwargs["scale"] == 0.5
+    with pytest.raises(CliError, match="after keyword inputs"):
+        _example_inputs(["x=f32[2]", "f32[2]"], torch.Generator())
+
+
+
+# ------------------------------------------------------------------------------ dynamic shapes
+
+
+def test_export_dynamic_runs_at_other_sizes(workdir, in_workdir, capsys):
+    # a keyword example input (NAME=SPEC), marked dynamic by its name
+    assert in_workdir(["export", "netmod:make_plain", "--example-inputs", "x=f32[3,6]",
+                       "--dynamic", "x:0=batch[1,64]", "-o", "dyn.xpt"]) == 0
+    assert "accepts dynamic sizes: batch in [1, 64]" in capsys.readouterr().out
+    for rows in (1, 5, 64):
+        assert in_workdir(["run", "dyn.xpt", "--inputs", f"f32[{rows},6]", "--repeat", "1"]) == 0
+        assert f"output 0     float32[{rows}, 3]" in capsys.readouterr().out
+    from exportir.runtime import Program
+
+    x = torch.randn(7, 6)
+    torch.testing.assert_close(Program.load(workdir / "dyn.xpt").method()(x), _eager(workdir, x))
+    assert in_workdir(["run", "dyn.xpt", "--inputs", "f32[65,6]"]) == 1
+    assert "batch, which the method accepts in [1, 64]" in capsys.readouterr().err
+    assert in_workdir(["inspect", "--summary", "dyn.xpt"]) == 0
+    summary = capsys.readouterr().out
+    assert "x: f32[batch, 6]" in summary and "dynamic sizes: batch in [1, 64]" in summary
+
+
+def test_dynamic_specs_parse_and_share_dims():
+    from exportir.cli_dynamic import DimSpecError, dynamic_shapes, parse_dynamic
+
+    class Two(torch.nn.Module):
+        def forward(self, a, b):
+            return a + b
+
+    specs = parse_dynamic(["a:0=batch[1,64] 1:0=batch", "a:-1=seq[2,]; b:1=seq"])
+    assert [(s.input, s.dim, s.name, s.min, s.max) for s in specs] == [
+        ("a", 0, "batch", 1, 64), (1, 0, "batch", None, None),
+        ("a", -1, "seq", 2, None), ("b", 1, "seq", None, None)]
+    shapes = dynamic_shapes(specs, Two(), (torch.ones(2, 3), torch.ones(2, 3)), {})
+    assert shapes["a"][0] is shapes["b"][0] and shapes["a"][1] is shapes["b"][1]
+    assert (shapes["a"][0].min, shapes["a"][0].max, shapes["a"][1].min) == (1, 64, 2)
+    with pytest.raises(DimSpecError, match="has two ranges"):
+        dynamic_shapes(parse_dynamic(["a:0=n[1,8]", "b:0=n[1,9]"]), Two(),
+                       (torch.ones(2), torch.ones(2)), {})
+    with pytest.raises(DimSpecError, match="is a int, not a tensor"):
+        dynamic_shapes(parse_dynamic(["b:0=n"]), Two(), (torch.ones(2), 3), {})
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("x0=b", "cannot read dynamic spec 'x0=b': expected INPUT:DIM=NAME[MIN,MAX]"),
+        ("y:0=b", "the model has no input 'y'; its inputs are x"),
+        ("1:0=b", "the model takes 1 input(s) (x); there is no input 1"),
+        ("x:2=b", "input 'x' has 2 dimension(s) (shape [2, 6]); dimension 2 is out of range"),
+        ("x:0=b[5,1]", "inconsistent min=5, max=1"),
+        ("x:1=feat", "export refused the --dynamic specs:\nConstraints violated (feat)!"),
+    ],
+)
+def test_dynamic_spec_errors(in_workdir, capsys, spec, message):
+    assert in_workdir(["export", "netmod:make", "--dynamic", spec, "-o", "bad.xpt"]) == 2
+    assert message in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ --import, lower
+
+CUSTOM_OPS = textwrap.dedent(
+    """
+    import torch
+
+    @torch.library.custom_op("cli_test_ops::scaled_tanh", mutates_args=())
+    def scaled_tanh(x: torch.Tensor, scale: float) -> torch.Tensor:
+        return torch.tanh(x) * scale
+
+    @scaled_tanh.register_fake
+    def _(x, scale):
+        return torch.empty_like(x)
+    """
+)
+
+CUSTOM_MODEL = textwrap.dedent(
+    """
+    import torch
+
+    class UsesOp(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.cli_test_ops.scaled_tanh(x + 1, 2.0)
+
+    def make():
+        return UsesOp(), (torch.randn(3, 4),)
+    """
+)
+
+
+def test_import_a_custom_op_library_for_export_and_run(workdir, in_workdir, capsys):
+    (workdir / "cli_ops_lib.py").write_text(CUSTOM_OPS)
+    (workdir / "cli_ops_model.py").write_text(CUSTOM_MODEL)
+    # export in this process (it imports the library), run in a fresh one (as users do)
+    assert in_workdir(["export", "cli_ops_model:make", "--import", "cli_ops_lib",
+                       "--dynamic", "x:0=n[1,8]", "-o", "op.xpt"]) == 0
+    capsys.readouterr()
+    np.save(workdir / "x5.npy", np.linspace(-1, 1, 20, dtype=np.float32).reshape(5, 4))
+    done = exportir("run", "op.xpt", "--import", "cli_ops_lib.py", "--inputs", "x5.npy",
+                    "--repeat", "1", cwd=workdir)
+    assert done.returncode == 0, done.stderr
+    want = torch.tanh(torch.linspace(-1, 1, 20).reshape(5, 4) + 1) * 2.0
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("output 0"))
+    assert line.startswith("output 0     float32[5, 4]")
+    assert f"[{want.reshape(-1)[0].item():.4g}," in line
+    # without --import the runtime refuses, and says what to pass
+    assert in_workdir(["run", "op.xpt"]) == 1
+    err = capsys.readouterr().err
+    assert "cli_test_ops::scaled_tanh" in err and "pass --import MODULE" in err
+
+
+def test_lower_a_saved_exported_program(workdir, in_workdir, capsys):
+    import exportir as xir
+
+    sys.path.insert(0, str(workdir))
+    try:
+        import netmod
+
+        module, args = netmod.make()
+    finally:
+        sys.path.remove(str(workdir))
+    batch = xir.Dim("batch", min=1, max=32)
+    xir.save(xir.export(module.eval(), args, dynamic_shapes={"x": {0: batch}}),
+             workdir / "net.pt2")
+    assert in_workdir(["lower", "net.pt2", "--backend", "fused_cpu", "-o", "lowered.xpt"]) == 0
+    out = capsys.readouterr().out
+    assert "load" in out and "lower" in out and "wrote lowered.xpt" in out
+    assert "batch in [1, 32]" in out
+    from exportir.runtime import Program
+
+    x = torch.randn(9, 6)
+    got = Program.load(workdir / "lowered.xpt").method()(x)
+    torch.testing.assert_close(got, _eager(workdir, x))
+    assert in_workdir(["inspect", "net.pt2"]) == 2
+    assert "lower it first: exportir lower net.pt2" in capsys.readouterr().err
+    assert in_workdir(["lower", "missing.pt2", "-o", "x.xpt"]) == 2
+    assert "no such file: missing.pt2" in capsys.readouterr().err
+    assert in_workdir(["export", "netmod:make", "--import", "no_such_mod", "-o", "x.xpt"]) == 2
+    assert "cannot import module 'no_such_mod'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ inspect --summary
+
+
+def test_inspect_summary_fits_one_screen(exported, workdir, in_workdir, capsys):
+    if not (workdir / "d.xpt").exists():
+        assert in_workdir(["export", "netmod:make", "--backend", "fused_cpu", "-o", "d.xpt"]) == 0
+        capsys.readouterr()
+    assert in_workdir(["inspect", "d.xpt", "--summary", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) < 40
+    assert "Method 'forward'" in out and "x: f32[2, 6]" in out
+    assert "instructions: 1 (1 delegate calls)" in out
+    assert "Delegates (1): FusedCpuBackend x1" in out and "#0 FusedCpuBackend, blob" in out
+    assert "fused op(s) in all:" in out and "linear x" in out
+    assert "memory:" in out and "Size breakdown:" in out
+    assert in_workdir(["inspect", "d.xpt"]) == 0  # the full dump says what delegates hold too
+    assert "#0 FusedCpuBackend, blob" in capsys.readouterr().out
+    assert in_workdir(["inspect", "net.xpt", "--summary", "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "operators (top 1 of" in out and "more call(s)" in out and "Delegates: none" in out
+    assert in_workdir(["inspect", "net.xpt", "--summary", "--top", "0"]) == 2
+
+
+def test_stages_print_one_plain_line_per_step(monkeypatch):
+    import io
+    import time
+
+    from exportir import cli_progress
+
+    monkeypatch.setattr(cli_progress, "SHOW_AFTER", 0.01)
+    for live in (False, True):  # live: the bar starts after SHOW_AFTER and is removed at the end
+        out = io.StringIO()
+        stages = cli_progress.Stages(out=out, live=live)
+        assert stages.run("slow", lambda: time.sleep(0.2) or 7, note=lambda r: f"({r})") == 7
+        line = out.getvalue().splitlines()[-1]
+        assert line.startswith("slow") and line.endswith("ms  (7)") and "\x1b" not in line
+    assert cli_progress.Stages(out=io.StringIO()).live is False  # not a terminal

@@ -2,7 +2,9 @@
 
 Part 1 traces a residual MLP with exportir.fx and prints its graph, generated code and table.
 Part 2 (``exportir.demo_pipeline``) exports a small CNN, lowers it to the Edge dialect, emits a
-program file, loads it in the runtime, runs it and compares with eager PyTorch.
+program file, loads it in the runtime, runs it and compares with eager PyTorch. The files stay in
+``./demo-out`` (``model.pt2``, ``model.xpt``) and the demo ends with three ``exportir`` commands
+to try on them.
 """
 
 

@@ -58,6 +58,16 @@ def describe_value(val: Any) -> tuple[str, str]:
     return type(val).__name__, ""
 
 
+def type_text(val: Any) -> str:
+    """``float32[2, 8]`` for a tensor, ``(float32[2], int64[])`` for a tuple of them."""
+    if isinstance(val, torch.Tensor):
+        return f"{str(val.dtype).removeprefix('torch.')}{list(val.shape)}".replace("'", "")
+    if isinstance(val, (list, tuple)):
+        return "(" + ", ".join(type_text(v) for v in val) + ")"
+    shapes, dtypes = describe_value(val)
+    return f"{dtypes} {shapes}".strip()
+
+
 def _short(text: str) -> str:
     return text if len(text) <= _MAX_DETAIL else text[:_MAX_DETAIL] + " ..."
 
@@ -110,7 +120,7 @@ def _details(node: Any, extra: list[tuple[str, str]]) -> list[tuple[str, str]]:
     if node.op not in ("placeholder", "output"):
         rows.append(("target", _target_name(node.target)))
     rows += extra
-    rows += [("shape", shapes), ("dtype", dtypes)]
+    rows += [("value", type_text(node.meta.get("val"))), ("shape", shapes), ("dtype", dtypes)]
     if node.args:
         rows.append(("args", _format_arg(tuple(node.args))))
     if node.kwargs:
@@ -185,6 +195,7 @@ class _Adder:
         if hasattr(attr, "backend_id") and hasattr(attr, "processed_bytes"):
             view.kind = "delegate"
             view.label = f"delegate {attr.backend_id}"
+            view.module = []  # it runs nodes of many modules
             add_lowered_module(self.page, self.graph.id, view, attr, str(node.name))
         elif hasattr(attr, "graph") and hasattr(attr.graph, "nodes"):
             sub = self.page.new_graph(f"{self.graph.title} / {node.target}", self.graph.id)
@@ -192,13 +203,16 @@ class _Adder:
             view.opens.append((f"graph {node.target}", sub.id))
 
     def _place_state(self, fx_graph: Any, views: dict[Any, NodeView]) -> None:
-        """Parameters, buffers and constants join the module of their first user."""
+        """Parameters, buffers and constants join the innermost module all their users share."""
         for node in fx_graph.nodes:
             view = views[node]
             if view.kind != "param" or not node.users:
                 continue
-            first_user = next(iter(node.users))
-            view.module = list(views[first_user].module)
+            chains = [views[user].module for user in node.users]
+            shared = 0
+            while all(len(c) > shared and c[shared] == chains[0][shared] for c in chains):
+                shared += 1
+            view.module = list(chains[0][:shared])
 
 
 def add_fx_graph(page: PageModel, graph: GraphView, fx_graph: Any, owner: Any,

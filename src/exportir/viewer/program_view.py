@@ -13,7 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 from exportir.program import schema
-from exportir.program.printer import format_instruction, format_value, human_bytes
+from exportir.program.printer import (
+    format_instruction,
+    format_tensor_type,
+    format_value,
+    human_bytes,
+)
 from exportir.viewer.delegates import add_blob_graph
 from exportir.viewer.model import Buffer, GraphView, MemoryView, PageModel
 
@@ -63,6 +68,13 @@ def _type_text(m: schema.Method, i: int) -> str:
     return format_value(v) if v is not None else "?"
 
 
+def _short_type(m: schema.Method, ids: list[int]) -> str:
+    """``f32[2, 8]`` of the tensors ``ids`` name (a tuple text for several)."""
+    texts = [format_tensor_type(m.values[i]) for i in ids
+             if 0 <= i < len(m.values) and isinstance(m.values[i], schema.Tensor)]
+    return texts[0] if len(texts) == 1 else "(" + ", ".join(texts) + ")" if texts else ""
+
+
 def _label(m: schema.Method, p: schema.Program, ins: schema.Instruction) -> str:
     match ins:
         case schema.KernelCall(op_index=op):
@@ -81,7 +93,8 @@ def _method_graph(page: PageModel, graph: GraphView, m: schema.Method, p: schema
     producer: dict[int, int] = {}
     for k, i in enumerate(m.inputs):
         name = m.input_names[k] if k < len(m.input_names) else f"input {k}"
-        node = graph.add(name, name, "input", details=[("value", f"%{i}"),
+        node = graph.add(name, name, "input", details=[("value", _short_type(m, [i])),
+                                                       ("value id", f"%{i}"),
                                                        ("type", _type_text(m, i))])
         producer[i] = node.id
     ready = _defined_up_front(m)
@@ -93,7 +106,16 @@ def _method_graph(page: PageModel, graph: GraphView, m: schema.Method, p: schema
             reads = _tensors(m, ins.args)
         inputs = sorted({producer[v] for v in reads if v in producer})
         kind = "delegate" if isinstance(ins, schema.DelegateCall) else "op"
-        details = [("instruction", f"@{pc}  {format_instruction(m, p, ins)}")]
+        writes = [v for v in named if v not in reads]
+        if isinstance(ins, schema.DelegateCall):
+            writes = _tensors(m, ins.outputs)
+        details = [("value", _short_type(m, writes)),
+                   ("instruction", f"@{pc}  {format_instruction(m, p, ins)}")]
+        if isinstance(ins, schema.DelegateCall) and 0 <= ins.delegate_index < len(p.delegates):
+            blob = p.delegates[ins.delegate_index]
+            specs = ", ".join(f"{s.key}={s.value!r}" for s in blob.compile_specs)
+            details += [("backend", blob.backend_id), ("blob", f"{blob.nbytes} bytes"),
+                        ("compile specs", specs)]
         if debug is not None:
             details += [("node", debug.node_name), ("source", debug.source)]
         details += [("values", "\n".join(f"%{i}: {_type_text(m, i)}" for i in _named(ins)))]
@@ -101,9 +123,8 @@ def _method_graph(page: PageModel, graph: GraphView, m: schema.Method, p: schema
                          inputs=inputs, details=[d for d in details if d[1]])
         if isinstance(ins, schema.DelegateCall) and ins.delegate_index in delegate_graphs:
             node.opens.append(("blob program", delegate_graphs[ins.delegate_index]))
-        for v in named:
-            if v not in reads or isinstance(ins, schema.MoveCall) and v == ins.dst:
-                producer[v] = node.id
+        for v in writes + ([ins.dst] if isinstance(ins, schema.MoveCall) else []):
+            producer[v] = node.id
     outs = sorted({producer[v] for v in _tensors(m, m.outputs) if v in producer})
     names = ", ".join(m.output_names) or ", ".join(f"%{i}" for i in m.outputs)
     graph.add("output", "output", "output", inputs=outs, details=[("outputs", names)])

@@ -203,16 +203,37 @@ class _Adder:
             view.opens.append((f"graph {node.target}", sub.id))
 
     def _place_state(self, fx_graph: Any, views: dict[Any, NodeView]) -> None:
-        """Parameters, buffers and constants join the innermost module all their users share."""
+        """Parameters, buffers and constants join the module that owns them (by their state
+        name), else the innermost module all their users share."""
+        chain_of: dict[str, list[tuple[str, str]]] = {}
+        for view in views.values():
+            for depth, (path, _) in enumerate(view.module):
+                chain_of.setdefault(path, view.module[: depth + 1])
         for node in fx_graph.nodes:
             view = views[node]
-            if view.kind != "param" or not node.users:
+            if view.kind != "param":
                 continue
-            chains = [views[user].module for user in node.users]
-            shared = 0
-            while all(len(c) > shared and c[shared] == chains[0][shared] for c in chains):
-                shared += 1
-            view.module = list(chains[0][:shared])
+            spec = self.kinds.get(node.name)
+            owner = _owner(str(spec.target or "") if spec is not None else "", chain_of)
+            if owner is not None:
+                view.module = list(owner)
+            elif node.users:
+                chains = [views[user].module for user in node.users]
+                shared = 0
+                while all(len(c) > shared and c[shared] == chains[0][shared] for c in chains):
+                    shared += 1
+                view.module = list(chains[0][:shared])
+
+
+def _owner(fqn: str, chain_of: dict[str, list[tuple[str, str]]]) -> list[tuple[str, str]] | None:
+    """The module chain of the longest module path that prefixes ``fqn``."""
+    parts = fqn.split(".")[:-1]
+    while parts:
+        chain = chain_of.get(".".join(parts))
+        if chain is not None:
+            return chain
+        parts.pop()
+    return None
 
 
 def add_fx_graph(page: PageModel, graph: GraphView, fx_graph: Any, owner: Any,

@@ -6,7 +6,7 @@
   const SVG = "http://www.w3.org/2000/svg";
   const DATA = JSON.parse(document.getElementById("exportir-data").textContent);
   const GRAPHS = new Map(DATA.graphs.map((g) => [g.id, g]));
-  const VISIBLE_LIMIT = 150;   // beyond this many boxes, module groups start collapsed
+  const VISIBLE_LIMIT = 120;   // beyond this many boxes, module groups start collapsed
   const CHAR_W = 6.7, LINE_H = 14, MAX_CHARS = 44;
 
   const el = (id) => document.getElementById(id);
@@ -64,19 +64,19 @@
     return count;
   }
 
+  // Small graphs open whole; larger ones open module groups down to the deepest level at
+  // which the picture stays under VISIBLE_LIMIT boxes (every group deeper is folded).
   function defaultCollapsed(graph, clusters) {
-    const collapsed = new Set();
-    if (graph.nodes.length <= VISIBLE_LIMIT) return collapsed;
+    if (graph.nodes.length <= VISIBLE_LIMIT) return new Set();
     const all = [...clusters.clusters.values()];
-    all.forEach((c) => collapsed.add(c.id));
-    // open groups outermost first while the picture stays small
-    all.sort((a, b) => a.depth - b.depth || b.members - a.members);
-    for (const c of all) {
-      if (c.parent && collapsed.has(c.parent)) continue;
-      collapsed.delete(c.id);
-      if (visibleCount(graph, clusters, collapsed) > VISIBLE_LIMIT) collapsed.add(c.id);
+    const deepest = Math.max(0, ...all.map((c) => c.depth + 1));
+    let best = new Set(all.filter((c) => c.depth === 0).map((c) => c.id));
+    for (let depth = 1; depth <= deepest; depth++) {
+      const folded = new Set(all.filter((c) => c.depth === depth).map((c) => c.id));
+      if (visibleCount(graph, clusters, folded) > VISIBLE_LIMIT) break;
+      best = folded;
     }
-    return collapsed;
+    return best;
   }
 
   // ---------------------------------------------------------------- layout
@@ -204,11 +204,17 @@
   }
 
   // ---------------------------------------------------------------- pan and zoom
-  function fit() {
+  // The whole picture when it stays legible (or when asked), else its top at a readable scale,
+  // centred on the first box of the top rank.
+  function fit(whole) {
     const r = canvas.getBoundingClientRect();
     const k = Math.min(r.width / state.size.width, r.height / state.size.height, 1.5) || 1;
     state.view = { k, x: (r.width - state.size.width * k) / 2, y: Math.max(0, (r.height - state.size.height * k) / 2) };
-    if (k < 0.35) state.view = { k: 0.6, x: (r.width - state.size.width * 0.6) / 2, y: 10 };
+    if (k >= 0.35 || whole) return;
+    let top = null;
+    for (const b of state.boxes.values()) if (b.x !== undefined && (!top || b.y < top.y - 1)) top = b;
+    const cx = top ? top.x : state.size.width / 2;
+    state.view = { k: 0.6, x: r.width / 2 - cx * 0.6, y: 10 };
   }
   function applyView() {
     const v = state.view, vp = el("viewport");
@@ -422,7 +428,7 @@
     return true;
   }
 
-  el("fit").addEventListener("click", () => { fit(); applyView(); });
+  el("fit").addEventListener("click", () => { fit(true); applyView(); });
   el("expand-all").addEventListener("click", () => setAll(false));
   el("collapse-all").addEventListener("click", () => setAll(true));
   el("memory-toggle").addEventListener("click", () => memoryBox.classList.toggle("shown"));

@@ -5,6 +5,7 @@
     exportir export MODULE:FACTORY [--example-inputs SPEC ...] [--backend fused_cpu] -o model.xpt
     exportir inspect model.xpt [--method NAME]
     exportir run model.xpt [--method NAME] [--inputs SPEC ...] [--repeat N]
+    exportir view model.xpt|model.pt2 [-o page.html]     (docs/viewer.md)
 
 ``MODULE`` is an importable module (``pkg.models``, resolved from the current directory too) or a
 Python file (``models/net.py``); ``FACTORY`` names an attribute of it: an ``nn.Module`` instance,
@@ -361,6 +362,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true",
                    help="skip the data segment checksum (the structure is still validated)")
     p.set_defaults(func=cmd_run)
+
+    from exportir.viewer.cli import add_parser as add_view_parser
+
+    add_view_parser(sub)
     return parser
 
 

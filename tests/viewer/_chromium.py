@@ -49,21 +49,16 @@ class Browser:
         self._profile = tempfile.mkdtemp(prefix="exportir-chromium-")
         to_browser_r, self._to_browser = os.pipe()
         self._from_browser, from_browser_w = os.pipe()
-        # the child's fds 3 and 4 must be these pipes: move them out of the way first
-        child_r = os.dup2(to_browser_r, 100) if to_browser_r != 100 else to_browser_r
-        child_w = os.dup2(from_browser_w, 101) if from_browser_w != 101 else from_browser_w
-
-        def plumb() -> None:  # runs in the child before exec
-            os.dup2(child_r, 3)
-            os.dup2(child_w, 4)
-
+        # the browser's fds 3 and 4 must be these pipes: a shell moves them there before exec
+        plumb = f'exec "$0" "$@" 3<&{to_browser_r} 4>&{from_browser_w}'
         self.process = subprocess.Popen(
-            [executable, *FLAGS, f"--user-data-dir={self._profile}", "about:blank"],
+            ["/bin/sh", "-c", plumb, executable, *FLAGS, f"--user-data-dir={self._profile}",
+             "about:blank"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=plumb, pass_fds=(3, 4), close_fds=True,
+            pass_fds=(to_browser_r, from_browser_w),
         )
-        for fd in {to_browser_r, from_browser_w, child_r, child_w}:
-            os.close(fd)
+        os.close(to_browser_r)
+        os.close(from_browser_w)
         self._buffer = b""
         self._next_id = 0
         self.events: list[dict[str, Any]] = []
@@ -184,7 +179,7 @@ class Browser:
                 pass
         shutil.rmtree(self._profile, ignore_errors=True)
 
-    def __enter__(self) -> Browser:
+    def __enter__(self) -> Browser:  # noqa: PYI034 (Python 3.10 has no typing.Self)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -85,7 +85,7 @@ def _fill(page: PageModel, obj: Any) -> None:
         node = graph.add("lowered_module", f"delegate {obj.backend_id}", "delegate",
                          details=[("name", "lowered_module"), ("op", "delegate")])
         add_lowered_module(page, graph.id, node, obj, "lowered_module")
-    elif hasattr(obj, "graph") and hasattr(getattr(obj, "graph"), "nodes"):  # GraphModule
+    elif hasattr(obj, "graph") and hasattr(obj.graph, "nodes"):  # GraphModule
         add_fx_graph(page, page.new_graph(type(obj).__name__), obj.graph, obj)
     elif hasattr(obj, "nodes") and hasattr(obj, "owning_module"):  # fx Graph
         add_fx_graph(page, page.new_graph("Graph"), obj, obj.owning_module)

@@ -62,8 +62,9 @@ def _fused_cpu(graph: GraphView, data: bytes) -> None:
     outs = sorted({producer[s] for s in blob.outputs if s in producer})
     graph.add("output", "output", "output", inputs=outs,
               details=[("slots", ", ".join(f"%{s}" for s in blob.outputs))])
-    graph.notes.append(("blob", f"{len(data)} bytes, {len(blob.ops)} ops, "
-                                f"{len(blob.constants)} constants, {blob.num_values} slots"))
+    summary = (f"{len(data)} bytes, {len(blob.ops)} ops, {len(blob.constants)} constants, "
+               f"{blob.num_values} slots")
+    graph.notes.append(("blob", summary))
 
 
 def _refs(args: Any, ref: type) -> list[Any]:

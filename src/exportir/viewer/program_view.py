@@ -130,8 +130,9 @@ def _method_graph(page: PageModel, graph: GraphView, m: schema.Method, p: schema
     graph.add("output", "output", "output", inputs=outs, details=[("outputs", names)])
     graph.memory = _memory(m)
     total = sum(m.plan.arenas)
-    graph.notes.append(("memory plan", f"{len(m.plan.arenas)} arena(s), {human_bytes(total)} "
-                                       f"(lower bound {human_bytes(m.plan.lower_bound)})"))
+    summary = (f"{len(m.plan.arenas)} arena(s), {human_bytes(total)} "
+               f"(lower bound {human_bytes(m.plan.lower_bound)})")
+    graph.notes.append(("memory plan", summary))
 
 
 def _memory(m: schema.Method) -> MemoryView:

@@ -8,11 +8,13 @@ writes replies and events to its fd 4.
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import select
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,6 +39,12 @@ def find_chromium() -> str | None:
     return None
 
 
+def _high(fd: int) -> int:
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD, 10)
+    os.close(fd)
+    return moved
+
+
 class BrowserError(RuntimeError):
     pass
 
@@ -47,14 +55,19 @@ class Browser:
 
     def __init__(self, executable: str, width: int = 1400, height: int = 900) -> None:
         self._profile = tempfile.mkdtemp(prefix="exportir-chromium-")
+        self._log = open(Path(self._profile + ".log"), "wb")  # noqa: SIM115 (closed in close())
         to_browser_r, self._to_browser = os.pipe()
         self._from_browser, from_browser_w = os.pipe()
-        # the browser's fds 3 and 4 must be these pipes: a shell moves them there before exec
-        plumb = f'exec "$0" "$@" 3<&{to_browser_r} 4>&{from_browser_w}'
+        # above fd 9, so that moving one to fd 3 or 4 cannot overwrite the other
+        to_browser_r, from_browser_w = (_high(to_browser_r), _high(from_browser_w))
+        # the browser's fds 3 and 4 must be these pipes: a small Python trampoline moves them
+        # there and execs the browser (no preexec_fn in this process, no shell fd limits)
+        trampoline = ("import os, sys; os.dup2(int(sys.argv[1]), 3); os.dup2(int(sys.argv[2]), 4);"
+                      " os.execv(sys.argv[3], sys.argv[3:])")
         self.process = subprocess.Popen(
-            ["/bin/sh", "-c", plumb, executable, *FLAGS, f"--user-data-dir={self._profile}",
-             "about:blank"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [sys.executable, "-c", trampoline, str(to_browser_r), str(from_browser_w),
+             executable, *FLAGS, f"--user-data-dir={self._profile}", "about:blank"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log,
             pass_fds=(to_browser_r, from_browser_w),
         )
         os.close(to_browser_r)
@@ -80,7 +93,7 @@ class Browser:
                 return None
             chunk = os.read(self._from_browser, 1 << 20)
             if not chunk:
-                raise BrowserError("the browser closed its pipe (did it crash?)")
+                raise BrowserError(f"the browser closed its pipe; its log ends:\n{self.log_tail()}")
             self._buffer += chunk
         raw, self._buffer = self._buffer.split(b"\0", 1)
         message = json.loads(raw)
@@ -152,6 +165,9 @@ class Browser:
         if box is None:
             raise BrowserError(f"nothing matches {selector!r}")
         x, y = box
+        width, height = self.evaluate("[window.innerWidth, window.innerHeight]")
+        if not (0 <= x < width and 0 <= y < height):
+            raise BrowserError(f"{selector!r} is off screen at ({x:.0f}, {y:.0f})")
         for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
             self.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left",
                       clickCount=1 if kind != "mouseMoved" else 0)
@@ -160,6 +176,11 @@ class Browser:
         data = self.call("Page.captureScreenshot", format="png")["data"]
         path.write_bytes(base64.b64decode(data))
         return path
+
+    def log_tail(self, lines: int = 20) -> str:
+        self._log.flush()
+        text = Path(self._log.name).read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
 
     def close(self) -> None:
         try:
@@ -177,6 +198,8 @@ class Browser:
                 os.close(fd)
             except OSError:
                 pass
+        self._log.close()
+        Path(self._log.name).unlink(missing_ok=True)
         shutil.rmtree(self._profile, ignore_errors=True)
 
     def __enter__(self) -> Browser:  # noqa: PYI034 (Python 3.10 has no typing.Self)

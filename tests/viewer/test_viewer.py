@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import exportir
-import exportir.fx as fx
+from exportir import fx
 from exportir.backends.fused_cpu import FusedCpuPartitioner
 from exportir.cli import main as cli_main
 from exportir.program.validate import ProgramLoadError
@@ -56,7 +56,7 @@ def lowered(ep):
 def page_data(html: str) -> dict:
     """The JSON the page embeds (as the page's script reads it)."""
     match = re.search(r'<script type="application/json" id="exportir-data">(.*?)</script>', html,
-                      re.S)
+                      re.DOTALL)
     assert match, "the page has no data block"
     return json.loads(match.group(1))
 

@@ -153,9 +153,11 @@
     const groups = s("g"), edges = s("g"), nodes = s("g");
     root.append(groups, edges, nodes);
     canvas.append(defs(), root);
+    state.groups = new Map();
     for (const id of g.nodes()) {
       if (!id.startsWith("g:")) continue;
       const d = g.node(id), c = d.group;
+      state.groups.set(c.id, { x: d.x, y: d.y, width: d.width, height: d.height });
       const box = s("g", { class: "group depth" + (c.depth % 3), "data-cluster": c.path });
       box.append(s("rect", { x: d.x - d.width / 2, y: d.y - d.height / 2, width: d.width, height: d.height }));
       const label = s("text", { x: d.x - d.width / 2 + 6, y: d.y - d.height / 2 + 11 },
@@ -241,7 +243,7 @@
     const b = state.boxes && state.boxes.get(id);
     if (!b || b.x === undefined) return;
     const r = canvas.getBoundingClientRect();
-    const k = Math.max(state.view.k, 0.8);
+    const k = Math.min(Math.max(state.view.k, 0.6), 0.85);
     state.view = { k, x: r.width / 2 - b.x * k, y: r.height / 3 - b.y * k };
     applyView();
   }
@@ -252,6 +254,14 @@
     const c = state.clusters.clusters.get(clusterId);
     showCluster(c);
     draw();
+    const at = state.groups.get(clusterId);  // keep the opened group in sight
+    if (at) {
+      const r = canvas.getBoundingClientRect(), k = state.view.k;
+      const x = r.width / 2 - at.x * k, y = r.height / 3 - (at.y - at.height / 2) * k;
+      const fits = at.width * k <= r.width && at.height * k <= r.height;
+      state.view = fits ? { k, x, y: r.height / 2 - at.y * k } : { k, x, y };
+      applyView();
+    }
   }
   function collapse(clusterId) {
     state.collapsed.add(clusterId);
@@ -437,6 +447,13 @@
   window.exportirViewer = {
     graphs: DATA.graphs.map((g) => ({ id: g.id, title: g.title, parent: g.parent, nodes: g.nodes.length })),
     show, find, expandAll: () => setAll(false), collapseAll: () => setAll(true),
+    expand: (path) => {  // open the group of module `path` (and the groups around it)
+      const c = [...state.clusters.clusters.values()].find((x) => x.path === path);
+      if (!c) return false;
+      for (const id of chainOfCluster(c)) state.collapsed.delete(id);
+      expand(c.id);
+      return true;
+    },
     get nodeCount() { return state.graph.nodes.length; },
     get visibleCount() { return state.visible; },
     get layoutMs() { return state.layoutMs; },

@@ -221,3 +221,26 @@ def test_cli_view_writes_the_page_and_reports_bad_input(ep, tmp_path, capsys):
     (tmp_path / "bad.xpt").write_bytes(b"not a program")
     assert cli_main(["view", str(tmp_path / "bad.xpt")]) == 1
     assert "not a valid program file" in capsys.readouterr().err
+
+
+def test_control_flow_branches_open_as_subgraphs_with_symbolic_shapes():
+    class Branchy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cond(x.sum() > 0, lambda x: self.lin(x).relu(), lambda x: x * 2, (x,))
+
+    batch = exportir.Dim("batch", min=2, max=16)
+    ep = exportir.export(Branchy(), (torch.randn(3, 4),), dynamic_shapes={"x": {0: batch}})
+    page = page_model(ep)
+    top = page.graphs[0]
+    opened = {o[0]: o[1] for n in top.nodes for o in n.opens}
+    assert set(opened) == {"graph true_graph_0", "graph false_graph_0"}
+    true_graph = next(g for g in page.graphs if g.id == opened["graph true_graph_0"])
+    assert true_graph.parent == top.id
+    assert [n.name for n in true_graph.nodes] == [
+        n.name for n in ep.graph_module.true_graph_0.graph.nodes]
+    x = next(n for n in top.nodes if n.name == "x")
+    assert dict(x.details)["value"] == "float32[s0, 4]"

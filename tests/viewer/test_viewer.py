@@ -107,6 +107,8 @@ def test_program_page_has_instructions_and_a_consistent_memory_plan(ep):
     method = manager.program.method("forward")
     ops = [n for n in program_graph.nodes if n.kind == "op"]
     assert len(ops) == len(method.instructions)
+    # instructions are grouped by the module of the Edge node they came from
+    assert [m[0] for m in ops[0].module] == ["a", "a.proj"]
     memory = program_graph.memory
     assert memory is not None and memory.arenas == list(method.plan.arenas)
     assert len(memory.instructions) == len(method.instructions)

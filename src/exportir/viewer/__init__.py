@@ -72,9 +72,11 @@ def _fill(page: PageModel, obj: Any) -> None:
     if hasattr(obj, "methods") and hasattr(obj, "delegates") and hasattr(obj, "constants"):
         add_program(page, obj, "program")
     elif hasattr(obj, "program") and hasattr(obj, "exported_program") and hasattr(obj, "buffer"):
+        modules = {}
         for name in sorted(obj.methods):
-            add_exported_program(page, f"{name} (Edge)", obj.exported_program(name))
-        add_program(page, obj.program, "program")
+            graph = add_exported_program(page, f"{name} (Edge)", obj.exported_program(name))
+            modules[name] = {n.name: n.module for n in graph.nodes}
+        add_program(page, obj.program, "program", modules=modules)
     elif hasattr(obj, "exported_program") and hasattr(obj, "methods"):  # EdgeProgramManager
         for name in sorted(obj.methods):
             add_exported_program(page, f"{name} (Edge)", obj.exported_program(name))

@@ -89,7 +89,8 @@ def _label(m: schema.Method, p: schema.Program, ins: schema.Instruction) -> str:
 
 
 def _method_graph(page: PageModel, graph: GraphView, m: schema.Method, p: schema.Program,
-                  delegate_graphs: dict[int, str]) -> None:
+                  delegate_graphs: dict[int, str], modules: dict[str, list[tuple[str, str]]]
+                  ) -> None:
     producer: dict[int, int] = {}
     for k, i in enumerate(m.inputs):
         name = m.input_names[k] if k < len(m.input_names) else f"input {k}"
@@ -119,8 +120,9 @@ def _method_graph(page: PageModel, graph: GraphView, m: schema.Method, p: schema
         if debug is not None:
             details += [("node", debug.node_name), ("source", debug.source)]
         details += [("values", "\n".join(f"%{i}: {_type_text(m, i)}" for i in _named(ins)))]
-        node = graph.add(debug.node_name if debug else f"@{pc}", _label(m, p, ins), kind,
-                         inputs=inputs, details=[d for d in details if d[1]])
+        name = debug.node_name if debug else f"@{pc}"
+        node = graph.add(name, _label(m, p, ins), kind, inputs=inputs,
+                         details=[d for d in details if d[1]], module=list(modules.get(name, [])))
         if isinstance(ins, schema.DelegateCall) and ins.delegate_index in delegate_graphs:
             node.opens.append(("blob program", delegate_graphs[ins.delegate_index]))
         for v in writes + ([ins.dst] if isinstance(ins, schema.MoveCall) else []):
@@ -163,9 +165,13 @@ def _memory(m: schema.Method) -> MemoryView:
 
 
 def add_program(page: PageModel, program: schema.Program, title: str,
-                parent: str | None = None) -> list[GraphView]:
+                parent: str | None = None,
+                modules: dict[str, dict[str, list[tuple[str, str]]]] | None = None,
+                ) -> list[GraphView]:
     """One graph per method (with its memory plan); delegates whose backend has a decoder
-    (:mod:`exportir.viewer.delegates`) open their blob's program."""
+    (:mod:`exportir.viewer.delegates`) open their blob's program. ``modules`` (method -> node
+    name -> module chain, from the Edge graphs the program came from) groups instructions by
+    module; a file alone does not record modules."""
     graphs = []
     delegate_graphs: dict[int, str] = {}
     for m in program.methods:
@@ -183,7 +189,7 @@ def add_program(page: PageModel, program: schema.Program, title: str,
                     specs = ", ".join(f"{s.key}={s.value!r}" for s in blob.compile_specs)
                     sub.notes.append(("compile specs", specs or "(none)"))
                     delegate_graphs[d] = sub.id
-        _method_graph(page, graph, m, program, delegate_graphs)
+        _method_graph(page, graph, m, program, delegate_graphs, (modules or {}).get(m.name, {}))
     return graphs
 
 

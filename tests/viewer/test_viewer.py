@@ -246,3 +246,4 @@ def test_control_flow_branches_open_as_subgraphs_with_symbolic_shapes():
         n.name for n in ep.graph_module.true_graph_0.graph.nodes]
     x = next(n for n in top.nodes if n.name == "x")
     assert dict(x.details)["value"] == "float32[s0, 4]"
+

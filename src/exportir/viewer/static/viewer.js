@@ -95,7 +95,7 @@
   function layout() {
     const graph = state.graph, clusters = state.clusters;
     const g = new dagre.graphlib.Graph({ compound: true, multigraph: false });
-    g.setGraph({ rankdir: "TB", nodesep: 18, ranksep: 26, edgesep: 8, marginx: 20, marginy: 20 });
+    g.setGraph({ rankdir: "TB", nodesep: 18, ranksep: 30, edgesep: 8, marginx: 20, marginy: 20 });
     g.setDefaultEdgeLabel(() => ({}));
     const boxOf = new Map();  // node index -> dagre id
     const boxes = new Map();  // dagre id -> description

@@ -3,7 +3,8 @@ open details, module groups, delegates and the memory plan on click, render a Re
 2-layer transformer in reasonable time, and run nothing a graph smuggles in.
 
 Screenshots go to each test's tmp dir. ``EXPORTIR_UPDATE_SCREENSHOT=1`` also rewrites the
-README's picture, docs/img/viewer.png. Skipped when no Chromium is installed."""
+pictures in README.md and docs/viewer.md (docs/img/viewer.png, viewer-memory.png). Skipped
+when no Chromium is installed."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from viewer.test_viewer import PAYLOAD, Net, hostile_graph
 
 import exportir
 from exportir.backends.fused_cpu import FusedCpuPartitioner
-from exportir.viewer import view
+from exportir.viewer import page_model, view
 
 CHROMIUM = find_chromium()
 pytestmark = [
@@ -28,7 +29,7 @@ pytestmark = [
     pytest.mark.skipif(CHROMIUM is None, reason="no Chromium found (apt-get install chromium, "
                                                 "or set EXPORTIR_CHROMIUM to its path)"),
 ]
-DOCS_IMAGE = Path(__file__).resolve().parents[2] / "docs" / "img" / "viewer.png"
+DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
 
 
 @pytest.fixture(scope="module")
@@ -152,8 +153,8 @@ def test_large_graphs_render_folded_then_whole(name, real, page, tmp_path):
 
 
 def test_readme_screenshot(real, page, tmp_path):
-    """The picture in README.md and docs/viewer.md: a 2-layer Llama folded by module, its first
-    decoder layer open, the residual add of that layer selected."""
+    """The pictures in README.md and docs/viewer.md: a 2-layer Llama folded by module, its first
+    decoder layer open, the residual add of that layer selected; its program's memory plan."""
     ep = real("llama")
     residual = next(
         n for n in ep.graph.nodes if n.op == "call_function"
@@ -165,6 +166,15 @@ def test_readme_screenshot(real, page, tmp_path):
     assert residual.name in details(b) and "LlamaDecoderLayer" in details(b)
     shot = b.screenshot(tmp_path / "viewer.png")
     assert shot.stat().st_size > 10_000
+    # the same model's program: instructions by module, and its memory plan
+    manager = exportir.to_edge(ep).to_program()
+    b = page(view(manager, tmp_path / "llama_program.html", title="llama, 2 layers (program)"))
+    b.click('nav button[data-graph]:last-child')
+    b.click("#memory-toggle")
+    planned = b.evaluate("document.querySelectorAll('#memory-plan rect.buffer').length")
+    assert planned == len(page_model(manager).graphs[-1].memory.buffers)
+    memory_shot = b.screenshot(tmp_path / "viewer-memory.png")
     if os.environ.get("EXPORTIR_UPDATE_SCREENSHOT") == "1":
-        DOCS_IMAGE.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(shot, DOCS_IMAGE)
+        DOCS_IMG.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, DOCS_IMG / "viewer.png")
+        shutil.copyfile(memory_shot, DOCS_IMG / "viewer-memory.png")

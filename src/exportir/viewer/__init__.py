@@ -21,13 +21,38 @@ from __future__ import annotations
 
 import os
 import pathlib
+from collections.abc import Callable
 from typing import Any
 
 from exportir.viewer.model import PageModel
 
-__all__ = ["ViewerError", "load_file", "page_model", "to_html", "view"]
+__all__ = ["LOADERS", "ViewerError", "load_file", "page_model", "to_html", "view"]
 
-SUFFIXES = (".pt2", ".xpt", ".pte")
+
+def _load_pt2(path: str) -> Any:
+    from exportir.export import load
+
+    return load(path)
+
+
+def _load_xpt(path: str) -> Any:
+    from exportir.program.serialize import load as load_program
+
+    return load_program(path)
+
+
+def _no_pte_reader(path: str) -> Any:
+    raise NotImplementedError(
+        f"{path}: viewing ExecuTorch .pte files needs a .pte reader, which this build of "
+        "exportir does not have yet; export to .xpt (exportir.to_edge(ep).to_program()"
+        ".save('model.xpt')) or view the .pt2 / the Python object instead")
+
+
+# file suffix -> the project's validating loader for it (a .pte reader plugs in here)
+LOADERS: dict[str, Callable[[str], Any]] = {
+    ".pt2": _load_pt2, ".xpt": _load_xpt, ".pte": _no_pte_reader,
+}
+SUFFIXES = tuple(LOADERS)
 
 
 class ViewerError(ValueError):
@@ -35,26 +60,16 @@ class ViewerError(ValueError):
 
 
 def load_file(path: str | os.PathLike[str]) -> Any:
-    """The stage object a file holds, read with the project's validating loaders: ``.pt2`` ->
-    ``ExportedProgram`` (``exportir.load``), ``.xpt`` -> ``schema.Program`` (the program-file
-    loader the runtime uses). Never runs code from the file."""
+    """The stage object a file holds, read with the project's validating loaders
+    (:data:`LOADERS`): ``.pt2`` -> ``ExportedProgram`` (``exportir.load``), ``.xpt`` ->
+    ``schema.Program`` (the program-file loader the runtime uses). Never runs code from the
+    file."""
     p = pathlib.Path(path)
-    suffix = p.suffix.lower()
-    if suffix == ".pt2":
-        from exportir.export import load
-
-        return load(str(p))
-    if suffix == ".xpt":
-        from exportir.program.serialize import load as load_program
-
-        return load_program(str(p))
-    if suffix == ".pte":
-        raise NotImplementedError(
-            f"{p}: viewing ExecuTorch .pte files needs a .pte reader, which this build of "
-            "exportir does not have yet; export to .xpt (exportir.to_edge(ep).to_program()"
-            ".save('model.xpt')) or view the .pt2 / the Python object instead")
-    raise ViewerError(f"{p}: cannot tell what the file holds from its suffix {suffix!r}; "
-                      f"expected one of {', '.join(SUFFIXES)}")
+    loader = LOADERS.get(p.suffix.lower())
+    if loader is None:
+        raise ViewerError(f"{p}: cannot tell what the file holds from its suffix "
+                          f"{p.suffix.lower()!r}; expected one of {', '.join(SUFFIXES)}")
+    return loader(str(p))
 
 
 def _title(obj: Any) -> str:

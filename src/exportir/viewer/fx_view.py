@@ -144,6 +144,21 @@ def _lookup(owner: Any, target: str) -> Any:
     return value
 
 
+def _is_lowered(attr: Any) -> bool:
+    return hasattr(attr, "backend_id") and hasattr(attr, "processed_bytes")
+
+
+def _lowered_module_called(node: Any, owner: Any) -> Any:
+    """The LoweredBackendModule a delegate call node runs (its first argument reads it)."""
+    if node.op != "call_function" or not node.args:
+        return None
+    first = node.args[0]
+    if getattr(first, "op", None) != "get_attr":
+        return None
+    attr = _lookup(owner, str(first.target))
+    return attr if _is_lowered(attr) else None
+
+
 def _input_nodes(node: Any) -> list[Any]:
     return list(getattr(node, "all_input_nodes", ()))
 
@@ -181,23 +196,17 @@ class _Adder:
         return view
 
     def _opens(self, node: Any, view: NodeView) -> None:
-        attr = None
-        if node.op == "get_attr":
-            attr = _lookup(self.owner, str(node.target))
-            if hasattr(attr, "backend_id"):
-                return  # the delegate call that reads it opens the lowered module
-        elif node.op == "call_function" and node.args and getattr(node.args[0], "op", None) == "get_attr":
-            attr = _lookup(self.owner, str(node.args[0].target))
-            if attr is None or not hasattr(attr, "backend_id"):
-                return
-        if attr is None:
-            return
-        if hasattr(attr, "backend_id") and hasattr(attr, "processed_bytes"):
+        """A delegate call opens its lowered module; a ``get_attr`` of a graph (a control-flow
+        branch or body) opens that graph."""
+        lowered = _lowered_module_called(node, self.owner)
+        if lowered is not None:
             view.kind = "delegate"
-            view.label = f"delegate {attr.backend_id}"
+            view.label = f"delegate {lowered.backend_id}"
             view.module = []  # it runs nodes of many modules
-            add_lowered_module(self.page, self.graph.id, view, attr, str(node.name))
-        elif hasattr(attr, "graph") and hasattr(attr.graph, "nodes"):
+            add_lowered_module(self.page, self.graph.id, view, lowered, str(node.name))
+            return
+        attr = _lookup(self.owner, str(node.target)) if node.op == "get_attr" else None
+        if hasattr(attr, "graph") and hasattr(attr.graph, "nodes") and not _is_lowered(attr):
             sub = self.page.new_graph(f"{self.graph.title} / {node.target}", self.graph.id)
             add_fx_graph(self.page, sub, attr.graph, attr)
             view.opens.append((f"graph {node.target}", sub.id))

@@ -77,6 +77,13 @@ class Browser:
         self.events: list[dict[str, Any]] = []
         self.errors: list[str] = []
         self.session: str | None = None
+        try:
+            self._attach(width, height)
+        except (BrowserError, OSError):
+            self.close()
+            raise
+
+    def _attach(self, width: int, height: int) -> None:
         target = self.call("Target.createTarget", url="about:blank")["targetId"]
         self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
         for domain in ("Page", "Runtime", "Log"):

@@ -176,6 +176,8 @@
       const node = s("g", { class: "node " + b.kind, transform: `translate(${d.x - d.width / 2},${d.y - d.height / 2})` });
       node.append(s("rect", { width: d.width, height: d.height }));
       b.lines.forEach((t, k) => node.append(s("text", { x: 9, y: 16 + k * LINE_H, class: k ? "sub" : "" }, t)));
+      const tip = b.node ? [b.node.name, detail(b.node, "target"), detail(b.node, "source")] : [b.cluster.path, b.cluster.type];
+      node.append(s("title", {}, tip.filter(Boolean).join("\n")));
       if (b.kind === "cluster") {
         node.setAttribute("data-cluster", b.cluster.path);
         node.addEventListener("click", (e) => { e.stopPropagation(); expand(b.cluster.id); });

@@ -77,6 +77,8 @@ def test_exported_program_page_has_every_node_with_modules_and_details(ep):
     assert weight["kind"] == "param" and dict(weight["details"])["state"] == "a.proj.weight"
     assert [m[0] for m in weight["module"]] == ["a", "a.proj"]
     assert by_name["x"]["kind"] == "input" and by_name["output"]["kind"] == "output"
+    notes = dict(graph["notes"])
+    assert notes["user inputs"] == "x" and notes["other inputs"] == "10 parameter"
     ids = {n["id"]: n["name"] for n in graph["nodes"]}
     assert {ids[i] for i in linear["inputs"]} == {"x", "p_a_proj_weight", "p_a_proj_bias"}
 

@@ -260,10 +260,26 @@ def add_exported_program(page: PageModel, title: str, ep: Any, parent: str | Non
     signature = ep.graph_signature
     add_fx_graph(page, graph, ep.graph, ep.graph_module, signature.input_specs)
     graph.notes.append(("dialect", str(getattr(ep, "dialect", "") or "ATEN")))
+    graph.notes += _signature_notes(signature)
     ranges = getattr(ep, "range_constraints", None) or {}
     if ranges:
         graph.notes.append(("ranges", ", ".join(f"{k}: {v}" for k, v in ranges.items())))
     return graph
+
+
+def _signature_notes(signature: Any) -> list[tuple[str, str]]:
+    """User inputs and outputs by name, state inputs and mutated outputs counted by kind."""
+    notes = [("user inputs", ", ".join(str(x) for x in signature.user_inputs) or "(none)"),
+             ("user outputs", ", ".join(str(x) for x in signature.user_outputs) or "(none)")]
+    for specs, what in ((signature.input_specs, "inputs"), (signature.output_specs, "outputs")):
+        counts: dict[str, int] = {}
+        for spec in specs:
+            kind = getattr(spec.kind, "name", str(spec.kind))
+            if kind not in ("USER_INPUT", "USER_OUTPUT"):
+                counts[kind.lower()] = counts.get(kind.lower(), 0) + 1
+        if counts:
+            notes.append((f"other {what}", ", ".join(f"{n} {k}" for k, n in counts.items())))
+    return notes
 
 
 def add_lowered_module(page: PageModel, parent: str, view: NodeView, lowered: Any,

@@ -432,8 +432,9 @@
     el("stats").textContent = graph.nodes.length + " nodes, " + state.visible + " boxes shown, layout " + state.layoutMs + " ms";
   }
 
-  function find(name) {
-    const i = state.graph.nodes.findIndex((n) => n.name === name);
+  function find(name) {  // the node of that name, else the first whose name contains it
+    let i = state.graph.nodes.findIndex((n) => n.name === name);
+    if (i < 0 && name) i = state.graph.nodes.findIndex((n) => n.name.includes(name));
     if (i < 0) return false;
     select(i);
     centerOn("n:" + i);

@@ -114,6 +114,7 @@ def test_program_page_has_instructions_and_a_consistent_memory_plan(ep):
     memory = program_graph.memory
     assert memory is not None and memory.arenas == list(method.plan.arenas)
     assert len(memory.instructions) == len(method.instructions)
+    assert [program_graph.nodes[i] for i in memory.nodes] == ops  # instruction -> its box
     assert memory.buffers
     for b in memory.buffers:
         assert 0 <= b.first <= b.last < len(method.instructions)

@@ -116,6 +116,8 @@ def test_lowered_program_delegate_subgraph_and_memory_plan(ep, page, tmp_path):
     assert buffers > 0
     b.click("#memory-plan rect.buffer")
     assert "arena" in details(b) and "first use" in details(b)
+    b.click('button[data-node]')  # from the buffer to the instruction that first uses it
+    assert body(b, "selected") != ""
     b.screenshot(tmp_path / "program_memory.png")
 
 

@@ -51,13 +51,17 @@ class Buffer:
 
 @dataclass(slots=True)
 class MemoryView:
+    """Arena sizes, one label per instruction, the planned buffers, and for each instruction the
+    id of its node in the graph (so the page can go from a buffer to the code using it)."""
+
     arenas: list[int]
     instructions: list[str]
     buffers: list[Buffer]
+    nodes: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "arenas": self.arenas, "instructions": self.instructions,
+            "arenas": self.arenas, "instructions": self.instructions, "nodes": self.nodes,
             "buffers": [[b.name, b.arena, b.offset, b.nbytes, b.first, b.last, b.type]
                         for b in self.buffers],
         }  # fmt: skip

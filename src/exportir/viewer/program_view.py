@@ -99,6 +99,7 @@ def _method_graph(page: PageModel, graph: GraphView, m: schema.Method, p: schema
                                                        ("type", _type_text(m, i))])
         producer[i] = node.id
     ready = _defined_up_front(m)
+    node_of_pc = []
     for pc, ins in enumerate(m.instructions):
         debug = m.debug[ins.debug] if 0 <= ins.debug < len(m.debug) else None
         named = _tensors(m, _named(ins))
@@ -123,6 +124,7 @@ def _method_graph(page: PageModel, graph: GraphView, m: schema.Method, p: schema
         name = debug.node_name if debug else f"@{pc}"
         node = graph.add(name, _label(m, p, ins), kind, inputs=inputs,
                          details=[d for d in details if d[1]], module=list(modules.get(name, [])))
+        node_of_pc.append(node.id)
         if isinstance(ins, schema.DelegateCall) and ins.delegate_index in delegate_graphs:
             node.opens.append(("blob program", delegate_graphs[ins.delegate_index]))
         for v in writes + ([ins.dst] if isinstance(ins, schema.MoveCall) else []):
@@ -131,6 +133,7 @@ def _method_graph(page: PageModel, graph: GraphView, m: schema.Method, p: schema
     names = ", ".join(m.output_names) or ", ".join(f"%{i}" for i in m.outputs)
     graph.add("output", "output", "output", inputs=outs, details=[("outputs", names)])
     graph.memory = _memory(m)
+    graph.memory.nodes = node_of_pc
     total = sum(m.plan.arenas)
     summary = (f"{len(m.plan.arenas)} arena(s), {human_bytes(total)} "
                f"(lower bound {human_bytes(m.plan.lower_bound)})")

@@ -384,6 +384,13 @@
                      row("bytes", String(nbytes)), row("first use", mem.instructions[first] || ""),
                      row("last use", mem.instructions[last] || ""));
         panel.append(table);
+        for (const [caption, pc] of [["first use", first], ["last use", last]]) {
+          const node = mem.nodes[pc];
+          if (node === undefined) continue;
+          const b = h("button", { "data-node": String(node) }, "show " + caption + " \u2192");
+          b.addEventListener("click", () => { select(node); centerOn("n:" + node); });
+          panel.append(b);
+        }
         notes();
       });
       svg.append(r);

@@ -320,7 +320,7 @@
 
   function highlight() {
     if (!state.boxes) return;
-    for (const [id, b] of state.boxes) {
+    for (const b of state.boxes.values()) {
       if (!b.element) continue;
       const on = b.node && b.node.id === state.selected;
       b.element.classList.toggle("selected", Boolean(on));

@@ -33,6 +33,8 @@ ALLOWED_INTERNAL = {
     # the runtime sees only the program format (finer rule: tests/runtime/test_imports.py)
     "runtime": {"program"},
     "quantization": _CAPTURE | {"program"},
+    # graph pictures of every stage: reads them all, nothing imports it but the CLI
+    "viewer": _CAPTURE | {"dialects", "passes", "program", "backends", "runtime"},
 }
 
 

@@ -7,6 +7,7 @@
     exportir lower model.pt2 [--backend fused_cpu] -o model.xpt
     exportir inspect model.xpt [--summary [--top N]] [--method NAME]
     exportir run model.xpt [--method NAME] [--inputs SPEC ...] [--repeat N]
+    exportir view model.xpt|model.pt2 [-o page.html]     (docs/viewer.md)
 
 Every subcommand takes ``--import MODULE`` (repeatable): a module (or ``.py`` file) imported
 before anything else, e.g. the library defining a model's ``torch.library`` custom ops; ``run``
@@ -567,6 +568,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the data segment checksum (the structure is still validated)")
     _add_import(p)
     p.set_defaults(func=cmd_run)
+
+    from exportir.viewer.cli import add_parser as add_view_parser
+
+    add_view_parser(sub)
     return parser
 
 

@@ -71,11 +71,10 @@ def _next_steps(out_dir: Path) -> None:
 
 def next_commands(out_dir: Path) -> list[str]:
     """The three commands the demo suggests on the files it wrote."""
-    fused = out_dir / "model-fused.xpt"
     return [
         f"exportir inspect --summary {out_dir / 'model.xpt'}",
         f"exportir run {out_dir / 'model.xpt'}",
-        f"exportir lower {out_dir / 'model.pt2'} --backend fused_cpu -o {fused}",
+        f"exportir view {out_dir / 'model.xpt'}",
     ]
 
 

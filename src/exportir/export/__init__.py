@@ -10,7 +10,8 @@ import sys
 import types
 from typing import Any
 
-from exportir.export._export import DraftExportReport, draft_export, export
+from exportir.export._draft import DraftExportReport, draft_export
+from exportir.export._export import export
 from exportir.export.dynamic.dims import Dim, ShapesCollection, dims
 from exportir.export.program.exported_program import (
     ExportedProgram,

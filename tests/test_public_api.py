@@ -13,6 +13,7 @@ EXPECTED_ALL = {
     "__version__",
     "export",
     "draft_export",
+    "unflatten",
     "save",
     "load",
     "register_dataclass",

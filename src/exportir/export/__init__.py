@@ -1,7 +1,7 @@
 """exportir.export: capture a PyTorch program into Export IR (the ATen dialect).
 
 Mirrors ``torch.export``: ``export``, ``save`` / ``load``, ``register_dataclass``,
-``draft_export``, ``ExportedProgram``, ``ExportGraphSignature`` and its spec classes, ``ModuleCallEntry`` /
+``draft_export``, ``unflatten``, ``ExportedProgram``, ``ExportGraphSignature`` and its spec classes, ``ModuleCallEntry`` /
 ``ModuleCallSignature``, ``default_decompositions`` and the Export IR verifier.
 """
 
@@ -19,6 +19,7 @@ from exportir.export.program.exported_program import (
     ModuleCallSignature,
     default_decompositions,
 )
+from exportir.export.program._unflatten import UnflattenedModule, unflatten
 from exportir.export.program.verifier import SpecViolationError, Verifier
 from exportir.export.serialize.save_load import load, save
 from exportir.export.signature import (
@@ -59,6 +60,7 @@ __all__ = [
     "SymIntArgument",
     "TensorArgument",
     "TokenArgument",
+    "UnflattenedModule",
     "Verifier",
     "default_decompositions",
     "dims",
@@ -67,6 +69,7 @@ __all__ = [
     "load",
     "register_dataclass",
     "save",
+    "unflatten",
 ]
 
 

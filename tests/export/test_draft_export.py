@@ -2,6 +2,8 @@
 applying the printed fixes makes export succeed; torch.export.draft_export finds the same kinds."""
 
 import importlib.util
+import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -173,7 +175,8 @@ def test_draft_export_strict_is_not_supported():
         draft_export(torch.nn.ReLU(), (torch.randn(2),), strict=True)
 
 
-def test_draft_export_in_a_fresh_process(tmp_path):
+def test_draft_export_and_unflatten_in_a_fresh_process(tmp_path):
+    """The two entry points, run once each in a new interpreter."""
     (tmp_path / "many.py").write_text(MANY.replace(
         "y = torch.ops.exportir_draft_test.scale(x)", "y = x * 2"))
     script = textwrap.dedent(f"""
@@ -183,6 +186,18 @@ def test_draft_export_in_a_fresh_process(tmp_path):
         ep = exportir.draft_export(Many(), (torch.randn(5, 3), torch.tensor(4)))
         print(ep._report)
         assert len(ep._report.failures) == 2
+        m = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+        x = torch.randn(2, 3)
+        flat = exportir.unflatten(exportir.export(m, (x,)))
+        assert [n for n, _ in flat.named_parameters()] == [n for n, _ in m.named_parameters()]
+        torch.testing.assert_close(flat(x), m(x))
+        print(sorted(n for n, _ in flat.named_children()))
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    src = str(pathlib.Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False
+    )
+    assert out.returncode == 0, out.stderr
     assert "draft_export: 2 issue(s) found" in out.stdout
+    assert out.stdout.strip().endswith("['0', '1', '2']")

@@ -13,13 +13,13 @@ from typing import Any
 from exportir.export._draft import DraftExportReport, draft_export
 from exportir.export._export import export
 from exportir.export.dynamic.dims import Dim, ShapesCollection, dims
+from exportir.export.program._unflatten import UnflattenedModule, unflatten
 from exportir.export.program.exported_program import (
     ExportedProgram,
     ModuleCallEntry,
     ModuleCallSignature,
     default_decompositions,
 )
-from exportir.export.program._unflatten import UnflattenedModule, unflatten
 from exportir.export.program.verifier import SpecViolationError, Verifier
 from exportir.export.serialize.save_load import load, save
 from exportir.export.signature import (

@@ -110,12 +110,15 @@ class DraftExportReport:
 
 def _decision_report(a: Assumption) -> FailureReport:
     where = "on the line before it"
-    if a.fix_at is not None and a.fix_at != str(a.frame):
+    if a.replaces_line:
+        where = "in place of the line"
+    elif a.fix_at is not None and a.fix_at != str(a.frame):
         where = "before " + a.fix_at.splitlines()[0]
+    origins = f", where {a.origins}" if a.origins else ""
     return FailureReport(
         FailureType.DATA_DEPENDENT_ERROR,
-        f"{a.expr} was {a.value} on the example inputs; the program keeps that outcome, "
-        "checked by a runtime assert",
+        f"{a.expr} was {a.value} on the example inputs{origins}; the program keeps that "
+        "outcome, checked by a runtime assert",
         a.frame,
         a.check,
         where,

@@ -48,6 +48,7 @@ from exportir.export.capture._node_meta import (
     source_fn_entry,
 )
 from exportir.export.capture._runtime_asserts import insert_runtime_asserts, range_constraints
+from exportir.export.capture._symbol_origins import note_origins
 from exportir.export.capture.extension import NO_EXTENSION, CaptureExtension
 from exportir.export.capture.fake import (
     FakeConverter,
@@ -94,6 +95,7 @@ class Recorder:
         self.nodes: dict[int, tuple[torch.Tensor, Node]] = {}
         self.shape_env = shape_env if shape_env is not None else ShapeEnv()
         self.converter = FakeConverter(self._lift_constant, self.shape_env)
+        self._origins_noted = 0  # the ShapeEnv's unbacked count when origins were last noted
         # symbolic values -> the node computing them, made on first use (see sym_arg)
         self.sym_nodes: dict[int, tuple[Any, Any]] = {}
         self.sym_by_expr: dict[Any, Any] = {}
@@ -294,6 +296,10 @@ class Recorder:
             name=node_name(func),
         )
         self._fill_meta(node, func, _as_val(out))
+        env = self.shape_env
+        if env._unbacked != self._origins_noted:  # new unbacked symbols: note their origin
+            note_origins(env, func, out)
+            self._origins_noted = env._unbacked
         if isinstance(out, (tuple, list)):
             self._record_items(node, func, out)
         elif isinstance(out, torch.Tensor) and id(out) not in self.nodes:

@@ -78,9 +78,12 @@ class SymbolOrigin:
     expr: str
     op: str
     frame: UserFrame | None
+    exact: bool = True  # False: ``expr`` reaches the op but its value is not the symbol's
 
     def describe(self, sym: sympy.Symbol, *, short: bool = False) -> str:
         what = f"`{self.expr}`" if self.expr else f"made by {self.op}"
+        if self.expr and not self.exact:
+            what = f"a size or value computed by `{self.expr}` ({self.op})"
         if self.frame is None:
             return f"{sym} is {what}"
         if short:
@@ -165,7 +168,7 @@ def _naming_lines(
     assignments = []
     for sym in unnamed:
         origin = origins.get(sym)
-        if origin is None or not origin.expr or origin.frame is None:
+        if origin is None or not origin.expr or not origin.exact or origin.frame is None:
             return None
         if (origin.frame.filename, origin.frame.lineno) != (at.filename, at.lineno):
             return None

@@ -23,21 +23,22 @@ __all__ = ["note_origins"]
 
 aten = torch.ops.aten
 
-# op name (overload packet) -> names of the Python calls that reach it; "[]" is a subscript
-_CALL_NAMES: dict[str, tuple[str, ...]] = {
-    "_local_scalar_dense": ("item", "tolist", "int", "float", "bool"),
-    "item": ("item", "tolist", "int", "float", "bool"),
-    "nonzero": ("nonzero", "argwhere", "where"),
-    "nonzero_numpy": ("where", "nonzero"),
-    "argwhere": ("argwhere",),
-    "index": ("[]",),
-    "masked_select": ("masked_select",),
-    "unique_dim": ("unique",),
-    "_unique2": ("unique",),
-    "unique_consecutive": ("unique_consecutive",),
-    "repeat_interleave": ("repeat_interleave",),
-    "bincount": ("bincount",),
-    "slice": ("[]",),
+# op name (overload packet) -> (names of Python calls whose value is the op's value, so the
+# symbol's access path applies to them; names of calls that reach the op otherwise, through a
+# decomposition or with another result structure); "[]" is a subscript
+_CALL_NAMES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "_local_scalar_dense": (("item", "int", "float", "bool"), ("tolist",)),
+    "item": (("item", "int", "float", "bool"), ("tolist",)),
+    "nonzero": (("nonzero", "argwhere"), ("where",)),
+    "nonzero_numpy": ((), ("where", "nonzero")),
+    "index": (("[]",), ()),
+    "masked_select": (("masked_select",), ()),
+    "_unique2": ((), ("unique",)),
+    "unique_dim": ((), ("unique",)),
+    "unique_consecutive": ((), ("unique_consecutive",)),
+    "repeat_interleave": (("repeat_interleave",), ()),
+    "bincount": (("bincount",), ()),
+    "slice": (("[]",), ()),
 }
 
 
@@ -49,10 +50,10 @@ def note_origins(env: ShapeEnv, func: Any, val: Any) -> None:
     frames = traced_frames()
     line = source_line(frames[0]) if frames else None
     frame = UserFrame(line.filename, line.lineno, line.name, line.code) if line else None
-    call = _call_text(line.code if line else "", _op_name(func))
+    call, exact = _call_text(line.code if line else "", _op_name(func))
     for sym, path in found:
-        expr = f"{call}{path}" if call else ""
-        env.unbacked_origins[sym] = SymbolOrigin(expr, str(func), frame)
+        expr = f"{call}{path}" if exact else call
+        env.unbacked_origins[sym] = SymbolOrigin(expr, str(func), frame, exact)
 
 
 def _op_name(func: Any) -> str:
@@ -81,17 +82,20 @@ def _fresh(env: ShapeEnv, expr: sympy.Basic, path: str) -> Any:
         yield expr, path
 
 
-def _call_text(code: str, op: str) -> str:
-    """The one sub-expression of ``code`` that calls ``op`` by a name it goes by ("" when
-    there is none, or several)."""
-    names = _CALL_NAMES.get(op, (op,))
+def _call_text(code: str, op: str) -> tuple[str, bool]:
+    """The one sub-expression of ``code`` that reaches ``op`` ("" when there is none, or
+    several), and whether its value is the op's value."""
+    exact, other = _CALL_NAMES.get(op, ((op,), ()))
     tree = _parse(code.strip())
     if tree is None:
-        return ""
-    hits = [n for n in ast.walk(tree) if _matches(n, names)]
-    if len(hits) != 1:
-        return ""
-    return ast.unparse(hits[0])
+        return "", False
+    for names, is_exact in ((exact, True), (other, False)):
+        hits = [n for n in ast.walk(tree) if _matches(n, names)]
+        if len(hits) == 1:
+            return ast.unparse(hits[0]), is_exact
+        if hits:
+            return "", False
+    return "", False
 
 
 def _parse(code: str) -> ast.AST | None:

@@ -135,3 +135,39 @@ def test_bad_arguments():
     ep = export(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
     with pytest.raises(NotImplementedError, match="flat_args_adapter"):
         unflatten(ep, flat_args_adapter=object())
+
+
+class Reshape(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x).reshape(x.shape[0], 2, 2).sum(-1)
+
+
+class Branch(torch.nn.Module):
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: x + 1, lambda x: x - 1, (x,))
+
+
+class Dynamic(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer1 = Reshape()
+        self.c = Branch()
+
+    def forward(self, x):
+        return self.c(self.layer1(x)) * x.shape[0]
+
+
+@pytest.mark.parametrize("preserve", [(), ("layer1",), ("c",)])
+def test_dynamic_sizes_and_cond_inside_modules(preserve):
+    """A preserved module computes its sizes from its own inputs and holds its cond branches."""
+    model = Dynamic()
+    ep = export(model, (torch.randn(3, 4),), dynamic_shapes={"x": {0: exportir.Dim("b")}},
+                preserve_module_call_signature=preserve)
+    flat = unflatten(ep)
+    for n in (5, 2):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(flat(x), model(x))

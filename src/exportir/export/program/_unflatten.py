@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = ["UnflattenedModule", "unflatten"]
 
 _ROOT_KEY = "L__self__"
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 class UnflattenedModule(GraphModule):
@@ -287,7 +288,22 @@ class _Builder:
                 env[node] = graph.get_attr(target)
                 env[node].meta.update(node.meta)
                 return env[node]
-            raise RuntimeError(f"unflatten: {node.name} is used before it is computed")
+            # a module with a preserved signature gets only its call's inputs: it computes
+            # sizes again from them and holds the program's subgraphs (cond branches) itself
+            if node.op == "get_attr" and "." not in node.target:
+                value = _fetch(self._flat, node.target)
+                if isinstance(value, torch.nn.Module):
+                    attrs[node.target] = value
+                    env[node] = graph.get_attr(node.target)
+                    return env[node]
+            if node.op == "call_function" and isinstance(node.meta.get("val"), _SYMBOLIC):
+                env[node] = graph.node_copy(node, read)
+                return env[node]
+            raise NotImplementedError(
+                f"unflatten: module {prefix!r} uses {node.name}, which is computed outside it "
+                "and is not an input of its preserved call signature; pass that value to the "
+                "module as an argument, or do not preserve its signature"
+            )
 
         return read
 

@@ -37,7 +37,6 @@ def draft_export(
     dynamic_shapes: dict[str, Any] | tuple[Any, ...] | list[Any] | None = None,
     preserve_module_call_signature: tuple[str, ...] = (),
     strict: bool = False,
-    pre_dispatch: bool = True,
     prefer_deferred_runtime_asserts_over_guards: bool = False,
 ) -> Any:
     """Export like :func:`exportir.export`, but keep going past problems and report them all.
@@ -58,7 +57,6 @@ def draft_export(
             "prefer_deferred_runtime_asserts_over_guards=True is not supported yet; call "
             "draft_export without it."
         )
-    del pre_dispatch  # exportir captures one (ATen) level; the flag changes nothing here
     preserve = tuple(preserve_module_call_signature)
     kwargs = dict(kwargs) if kwargs is not None else None
     violations: list[FailureReport] = []

@@ -201,3 +201,20 @@ def test_draft_export_and_unflatten_in_a_fresh_process(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "draft_export: 2 issue(s) found" in out.stdout
     assert out.stdout.strip().endswith("['0', '1', '2']")
+
+
+def test_a_specialized_dim_is_reported_with_its_value():
+    class Flat(torch.nn.Module):
+        def forward(self, x):
+            return x.reshape(20) * 2  # only a batch of 5 fits
+
+    dims = {"x": {0: exportir.Dim("batch")}}
+    ep = draft_export(Flat(), (torch.randn(5, 4),), dynamic_shapes=dims)
+    (failure,) = ep._report.failures
+    assert failure.failure_type is FailureType.GUARD_ADDED
+    assert "specialized it to be a constant (5)" in failure.what
+    assert failure.frame.code == "return x.reshape(20) * 2  # only a batch of 5 fits"
+    assert failure.fix == "batch = 5"
+    namespace = {}
+    exec(failure.fix, namespace)  # noqa: S102  (the printed fix: the dim is the constant 5)
+    export(Flat(), (torch.randn(5, 4),), dynamic_shapes={"x": {0: namespace["batch"]}})

@@ -171,3 +171,5 @@ def test_dynamic_sizes_and_cond_inside_modules(preserve):
     for n in (5, 2):
         x = torch.randn(n, 4)
         torch.testing.assert_close(flat(x), model(x))
+    with pytest.raises(RuntimeError, match="to be equal to 4, but got 3"):  # as ep.module()
+        flat(torch.randn(5, 3))

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from exportir import pytree
-from exportir.export.program._unlift import _install_state
+from exportir.export.program._unlift import _check_inputs_pre_hook, _install_state
 from exportir.export.signature import ConstantArgument, ModuleCallSignature
 from exportir.fx.graph import Graph
 from exportir.fx.graph_module import GraphModule
@@ -79,6 +79,10 @@ def unflatten(module: ExportedProgram, flat_args_adapter: Any = None) -> Unflatt
     _install_state(root, module)  # parameters, buffers (persistence), constants at their FQNs
     _add_empty_calls(root, [e.fqn for e in module.module_call_graph])
     _order_children(root, [e.fqn for e in module.module_call_graph if e.fqn])
+    # inputs are checked as ep.module() checks them (structure, static sizes, Dim ranges)
+    root.range_constraints = module.range_constraints
+    root.validate_inputs = True
+    root.register_forward_pre_hook(_check_inputs_pre_hook, with_kwargs=True)
     return root
 
 

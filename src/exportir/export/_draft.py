@@ -113,10 +113,11 @@ def _decision_report(a: Assumption) -> FailureReport:
     elif a.fix_at is not None and a.fix_at != str(a.frame):
         where = "before " + a.fix_at.splitlines()[0]
     origins = f", where {a.origins}" if a.origins else ""
+    holds = f"`{a.holds}` held on the example inputs ({a.expr} was {a.value})" if a.holds \
+        else f"{a.expr} was {a.value} on the example inputs"
     return FailureReport(
         FailureType.DATA_DEPENDENT_ERROR,
-        f"{a.expr} was {a.value} on the example inputs{origins}; the program keeps that "
-        "outcome, checked by a runtime assert",
+        f"{holds}{origins}; the program keeps that outcome, checked by a runtime assert",
         a.frame,
         a.check,
         where,

@@ -107,6 +107,7 @@ class Assumption:
     fix_at: str | None  # the line to put it before
     origins: str = ""  # where its unbacked symbols come from (SymbolOrigin.describe, joined)
     replaces_line: bool = False  # ``check`` is lines to put in place of the line (naming values)
+    holds: str = ""  # the decision taken, in the user's names (``n > 2``)
 
 
 class GuardOnDataDependentSymNode(RuntimeError):
@@ -493,7 +494,8 @@ class ShapeEnv:
             check = "\n".join([*naming[0], check, naming[1]])
         self.assumptions.append(
             Assumption(expr, bool(value) if is_bool else value, frame, check, fix_at,
-                       self.describe_origins(symbols, short=True), naming is not None)
+                       self.describe_origins(symbols, short=True), naming is not None,
+                       why.condition)
         )
         self.defer_runtime_assert(fact, frame)
         return bool(value) if is_bool else value

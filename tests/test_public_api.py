@@ -13,6 +13,7 @@ EXPECTED_ALL = {
     "__version__",
     "export",
     "draft_export",
+    "unflatten",
     "save",
     "load",
     "register_dataclass",
@@ -61,6 +62,17 @@ def test_export_signature_matches_torch():
     assert list(ours.parameters) == list(theirs.parameters)
     for name, p in ours.parameters.items():
         assert p.kind == theirs.parameters[name].kind, name
+
+
+def test_draft_export_and_unflatten_signatures_match_torch():
+    import torch.export
+
+    for ours, theirs in [(exportir.draft_export, torch.export.draft_export),
+                         (exportir.unflatten, torch.export.unflatten)]:
+        ours_p, theirs_p = inspect.signature(ours).parameters, inspect.signature(theirs).parameters
+        assert list(ours_p) == list(theirs_p), ours.__name__
+        for name, p in ours_p.items():
+            assert p.kind == theirs_p[name].kind, name
 
 
 def _loaded_after(statement: str) -> set[str]:

@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 _LAZY: dict[str, str] = {
     "export": "exportir.export",
     "draft_export": "exportir.export",
+    "unflatten": "exportir.export",
     "save": "exportir.export",
     "load": "exportir.export",
     "register_dataclass": "exportir.pytree",

@@ -170,11 +170,11 @@ def test_draft_export_keeps_the_example_branch_under_a_runtime_assert(tmp_path):
     ep = draft_export(model, _boxes())
     assert not ep._report.successful()
     (decision,) = ep._report.failures
-    assert str(decision.expr) == "Eq(u0, 0)" and decision.value is False
-    assert decision.check == "torch._check(boxes.shape[0] != 0)"
+    assert str(decision.data["expr"]) == "Eq(u0, 0)" and decision.data["value"] is False
+    assert decision.fix == "torch._check(boxes.shape[0] != 0)"
     report = str(ep._report)
-    assert "1. Eq(u0, 0) was False on the example inputs, at" in report
-    assert "fix: add torch._check(boxes.shape[0] != 0) on the line before it" in report
+    assert "1. Data-dependent decision: `boxes.shape[0] != 0` held on the example inputs (Eq(u0, 0) was False)" in report
+    assert "fix (on the line before it):\n     torch._check(boxes.shape[0] != 0)" in report
     other = _boxes(seed=5)
     torch.testing.assert_close(ep.module()(*other), model(*other))
     asserts = [n.args[1] for n in ep.graph.nodes if n.target is torch.ops.aten._assert_scalar.default]
@@ -185,8 +185,8 @@ def test_draft_export_keeps_the_example_branch_under_a_runtime_assert(tmp_path):
 
 def test_draft_export_of_the_other_branch():
     ep = draft_export(Branch(), (torch.zeros(4),))  # n = 0: the `return x` branch
-    assert [str(a.expr) for a in ep._report.failures] == ["u0 > 2"]
-    assert ep._report.failures[0].check == "torch._check(n <= 2)"
+    assert [str(a.data["expr"]) for a in ep._report.failures] == ["u0 > 2"]
+    assert ep._report.failures[0].fix == "torch._check(n <= 2)"
     torch.testing.assert_close(ep.module()(torch.zeros(4)), torch.zeros(4))
     with pytest.raises(RuntimeError, match="Runtime assertion failed for expression u0 <= 2"):
         ep.module()(torch.ones(4))
@@ -204,7 +204,7 @@ def test_draft_export_specializes_an_int_decision():
     with pytest.raises(GuardOnDataDependentSymNode):
         export(Loop(), (x, torch.tensor(3)))
     ep = draft_export(Loop(), (x, torch.tensor(3)))
-    assert [(str(a.expr), a.value) for a in ep._report.failures] == [("u0", 3)]
+    assert [(str(a.data["expr"]), a.data["value"]) for a in ep._report.failures] == [("u0", 3)]
     torch.testing.assert_close(ep.module()(x, torch.tensor(3)), x * 8)
     asserts = [n.args[1] for n in ep.graph.nodes if n.target is torch.ops.aten._assert_scalar.default]
     assert any("expression Eq(u0, 3)" in a for a in asserts)
@@ -214,7 +214,7 @@ def test_draft_export_specializes_an_int_decision():
 
 def test_draft_export_without_decisions_is_export():
     ep = draft_export(BranchChecked(), (torch.ones(4),))
-    assert ep._report.successful() and "no data-dependent decisions" in str(ep._report)
+    assert ep._report.successful() and "no issues found" in str(ep._report)
     assert ep.graph_module.code == export(BranchChecked(), (torch.ones(4),)).graph_module.code
 
 

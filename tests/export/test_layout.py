@@ -27,6 +27,7 @@ ROOM_ORDER = ("signature", "dynamic", "capture", "control_flow", "program", "ser
 _TOP_MODULES = {
     "signature": "signature",
     "_export": "api",
+    "_draft": "api",
     "__init__": "api",
     "exported_program": "api",  # public facade of program/ (torch.export.exported_program)
     "dynamic_shapes": "api",  # public facade of dynamic/ (torch.export.dynamic_shapes)

@@ -1,7 +1,7 @@
 """exportir.export: capture a PyTorch program into Export IR (the ATen dialect).
 
 Mirrors ``torch.export``: ``export``, ``save`` / ``load``, ``register_dataclass``,
-``draft_export``, ``ExportedProgram``, ``ExportGraphSignature`` and its spec classes, ``ModuleCallEntry`` /
+``draft_export``, ``unflatten``, ``ExportedProgram``, ``ExportGraphSignature`` and its spec classes, ``ModuleCallEntry`` /
 ``ModuleCallSignature``, ``default_decompositions`` and the Export IR verifier.
 """
 
@@ -10,8 +10,10 @@ import sys
 import types
 from typing import Any
 
-from exportir.export._export import DraftExportReport, draft_export, export
+from exportir.export._draft import DraftExportReport, draft_export
+from exportir.export._export import export
 from exportir.export.dynamic.dims import Dim, ShapesCollection, dims
+from exportir.export.program._unflatten import UnflattenedModule, unflatten
 from exportir.export.program.exported_program import (
     ExportedProgram,
     ModuleCallEntry,
@@ -58,6 +60,7 @@ __all__ = [
     "SymIntArgument",
     "TensorArgument",
     "TokenArgument",
+    "UnflattenedModule",
     "Verifier",
     "default_decompositions",
     "dims",
@@ -66,6 +69,7 @@ __all__ = [
     "load",
     "register_dataclass",
     "save",
+    "unflatten",
 ]
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import sympy
@@ -18,9 +17,9 @@ from exportir.export.dynamic._symbols import make_sizes
 from exportir.export.dynamic.dims import plan_dims
 from exportir.export.program.exported_program import ExportedProgram
 from exportir.export.signature import InputKind
-from exportir.symbolic import Assumption, ShapeEnv, ValueRanges
+from exportir.symbolic import ShapeEnv, ValueRanges
 
-__all__ = ["DraftExportReport", "draft_export", "export"]
+__all__ = ["export"]
 
 
 def export(
@@ -53,77 +52,10 @@ def export(
     return _export(mod, args, kwargs, dynamic_shapes, preserve_module_call_signature)[0]
 
 
-def draft_export(
-    mod: torch.nn.Module,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any] | None = None,
-    *,
-    dynamic_shapes: dict[str, Any] | tuple[Any, ...] | list[Any] | None = None,
-    preserve_module_call_signature: tuple[str, ...] = (),
-    strict: bool = False,
-) -> Any:
-    """Export like :func:`export`, taking the branch the example inputs take where Python
-    decides on data-dependent values (``if n > 2`` with ``n = t.item()``, ``if boxes.numel()
-    == 0`` after ``boxes[mask]``), as torch.export.draft_export does.
-
-    Where :func:`export` raises ``GuardOnDataDependentSymNode``, the condition's value on the
-    (real) example inputs decides the branch, and the program checks it with an
-    ``_assert_scalar`` runtime assert: an input taking the other branch fails with
-    ``Runtime assertion failed for expression ...``. The returned program's ``_report``
-    (:class:`DraftExportReport`) lists every such decision, where it was made, and the
-    ``torch._check(...)`` that states it in the user's names; adding those checks to the code
-    makes :func:`export` produce the same program.
-    """
-    if strict:
-        raise NotImplementedError(
-            "exportir.draft_export(strict=True) is not supported: exportir traces non-strict "
-            "only. Call draft_export without strict."
-        )
-    ep, assumptions = _export(
-        mod, args, kwargs, dynamic_shapes, preserve_module_call_signature, draft=True
-    )
-    ep._report = DraftExportReport(tuple(assumptions))
-    return ep
-
-
-@dataclass(frozen=True, slots=True)
-class DraftExportReport:
-    """The data-dependent decisions draft_export took by the example inputs (``failures``:
-    each would have stopped :func:`export`)."""
-
-    failures: tuple[Assumption, ...]
-
-    def successful(self) -> bool:
-        """True when nothing was assumed: :func:`export` gives the same program."""
-        return not self.failures
-
-    def __str__(self) -> str:
-        if not self.failures:
-            return "draft_export: no data-dependent decisions; export() gives the same program."
-        head = (
-            f"draft_export: {len(self.failures)} data-dependent decision(s) taken by the example "
-            "inputs, each checked by a runtime assert. To export the same program with "
-            "export(), add the torch._check shown before the line named:"
-        )
-        lines = [head]
-        for i, a in enumerate(self.failures, 1):
-            at = _indent(str(a.frame), 5) if a.frame is not None else "     <unknown location>"
-            lines.append(f"{i}. {a.expr} was {a.value} on the example inputs, at\n{at}")
-            if a.fix_at is None or a.fix_at == str(a.frame):
-                lines.append(f"   fix: add {a.check} on the line before it")
-            else:
-                lines.append(f"   fix: add {a.check} before\n{_indent(a.fix_at, 5)}")
-        return "\n".join(lines)
-
-
-def _indent(text: str, n: int) -> str:
-    return "\n".join(" " * n + line for line in text.splitlines())
-
-
 def _export(
     mod: Any, args: Any, kwargs: Any, dynamic_shapes: Any, preserve: tuple[str, ...],
     *, draft: bool = False,
-) -> tuple[Any, list[Assumption]]:
+) -> tuple[Any, Any]:
     mod, args, kwargs = _normalize(mod, args, kwargs)
     check_binding(mod, args, kwargs)
     # hooks on the listed submodules, removed on exit even when capture fails
@@ -135,7 +67,7 @@ def _export(
             ranges = result.range_constraints
     call_graph = calls.apply(result.graph_module, result.signature, result.module_call_graph)
     ep = _program(result, args, kwargs, ranges, call_graph)
-    return ep, list(result.shape_env.assumptions)
+    return ep, result
 
 
 def _capture_dynamic(

@@ -12,6 +12,7 @@ from exportir.symbolic.shape_env import (
     GuardOnDataDependentSymNode,
     RuntimeAssert,
     ShapeEnv,
+    SymbolOrigin,
     UserFrame,
     user_frame,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "RuntimeAssert",
     "ShapeEnv",
     "SymNode",
+    "SymbolOrigin",
     "ToFloat",
     "TruncToInt",
     "UserFrame",

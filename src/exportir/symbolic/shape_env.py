@@ -71,6 +71,31 @@ class RuntimeAssert:
 
 
 @dataclass(frozen=True, slots=True)
+class SymbolOrigin:
+    """Where an unbacked symbol was made: the user's expression (``t.item()``,
+    ``x.nonzero().shape[0]``; "" when the line does not show it), the op and its frame."""
+
+    expr: str
+    op: str
+    frame: UserFrame | None
+    exact: bool = True  # False: ``expr`` reaches the op but its value is not the symbol's
+
+    def describe(self, sym: sympy.Symbol, *, short: bool = False) -> str:
+        what = f"`{self.expr}`" if self.expr else f"made by {self.op}"
+        if self.expr and not self.exact:
+            what = f"a size or value computed by `{self.expr}` ({self.op})"
+        if self.frame is None:
+            return f"{sym} is {what}"
+        if short:
+            return f"{sym} is {what} ({self.frame.filename.rsplit('/', 1)[-1]}:{self.frame.lineno})"
+        return f"{sym} is {what}, at\n{_indent(str(self.frame), 4)}"
+
+
+def _indent(text: str, n: int) -> str:
+    return "\n".join(" " * n + line for line in text.splitlines())
+
+
+@dataclass(frozen=True, slots=True)
 class Assumption:
     """A data-dependent condition decided by the example inputs (draft_export) and checked by
     a runtime assert: what, the value taken, where, and the torch._check that states it."""
@@ -80,6 +105,9 @@ class Assumption:
     frame: UserFrame | None
     check: str  # the torch._check(...) stating the decision in the user's names
     fix_at: str | None  # the line to put it before
+    origins: str = ""  # where its unbacked symbols come from (SymbolOrigin.describe, joined)
+    replaces_line: bool = False  # ``check`` is lines to put in place of the line (naming values)
+    holds: str = ""  # the decision taken, in the user's names (``n > 2``)
 
 
 class GuardOnDataDependentSymNode(RuntimeError):
@@ -112,12 +140,13 @@ def user_frame() -> UserFrame | None:
 
 def _what_symbols_are(symbols: list[sympy.Symbol], names: dict[str, str]) -> str:
     named = [f"{s} is `{names[str(s)]}`" for s in symbols if str(s) in names]
-    unnamed = [str(s) for s in symbols if str(s) not in names]
+    unnamed = [s for s in symbols if str(s) not in names]
     parts = []
     if named:
         parts.append("here " + ", ".join(named) + ";")
     if unnamed:
-        parts.append(f"{', '.join(unnamed)} has no name in the code here;")
+        parts.append(f"{', '.join(map(str, unnamed))} has no name in the code here (assign it "
+                     "to a variable where it is computed and state the fix on that variable);")
     return (
         " ".join(parts) + " such values come from tensor data (.item(), .tolist(), nonzero, "
         "x[mask], unique, ...) and are unknown while exporting, so Python cannot decide this "
@@ -125,7 +154,46 @@ def _what_symbols_are(symbols: list[sympy.Symbol], names: dict[str, str]) -> str
     )
 
 
-def _fixes(why: Explanation) -> str:
+def _naming_lines(
+    why: Explanation, symbols: list[sympy.Symbol], origins: dict[sympy.Symbol, SymbolOrigin]
+) -> tuple[list[str], str] | None:
+    """For symbols the code has no name for, made on the very line of the decision
+    (``if x.nonzero().shape[0] > 2:``): the assignments naming them (``u0 =
+    x.nonzero().shape[0]``) and the line rewritten to use the names. None when that is not
+    possible (a symbol made elsewhere, an expression not found verbatim)."""
+    at = why.fix_at
+    unnamed = [s for s in symbols if str(s) not in why.names]
+    if at is None or not unnamed or not at.code:
+        return None
+    line = at.code
+    assignments = []
+    for sym in unnamed:
+        origin = origins.get(sym)
+        if origin is None or not origin.expr or not origin.exact or origin.frame is None:
+            return None
+        if (origin.frame.filename, origin.frame.lineno) != (at.filename, at.lineno):
+            return None
+        if line.count(origin.expr) != 1:
+            return None
+        assignments.append(f"{sym} = {origin.expr}")
+        line = line.replace(origin.expr, str(sym))
+    return assignments, line
+
+
+def _fixes(why: Explanation, naming: tuple[list[str], str] | None = None) -> str:
+    if naming is not None:
+        assignments, line = naming
+        checks = [f"torch._check({why.condition})   # if it always holds"]
+        if why.negation is not None:
+            checks.append(f"torch._check({why.negation})   # or this, if it never holds")
+        body = "\n".join(f"    {text}" for text in [*assignments, *checks, line])
+        return (
+            f"Fix: tell export what holds, naming the value first. Replace the line\n"
+            f"  {why.fix_at}\nwith\n{body}\n"
+            "or, if both outcomes are needed at run time, express the branch with "
+            "torch.cond(pred, true_fn, false_fn, operands); or export with exportir.draft_export("
+            "...) to keep the branch the example inputs take, checked by a runtime assert."
+        )
     lines = [f"    torch._check({why.condition})   # if it always holds"]
     if why.negation is not None:
         lines.append(f"    torch._check({why.negation})   # if it never holds")
@@ -179,6 +247,8 @@ class ShapeEnv:
         self.constant_depth = 0
         self.assumptions: list[Assumption] = []  # data-dependent decisions taken that way
         self.constant_symbols: set[sympy.Symbol] = set()  # specialized unbacked symbols
+        # the expression and line that made each unbacked symbol (filled by capture)
+        self.unbacked_origins: dict[sympy.Symbol, SymbolOrigin] = {}
 
     # -- caches -----------------------------------------------------------------------------
     # Every change to what is known goes through these setters, so memoized answers are
@@ -417,9 +487,15 @@ class ShapeEnv:
         frame = frame or (UserFrame(where.filename, where.lineno, where.name, where.code)
                           if where is not None else None)
         fix_at = str(why.fix_at) if why.fix_at is not None else None
+        symbols = self.unbacked_symbols(expr)
+        check = f"torch._check({why.condition})"
+        naming = _naming_lines(why, symbols, self.unbacked_origins)
+        if naming is not None:  # the names first; the line then uses them
+            check = "\n".join([*naming[0], check, naming[1]])
         self.assumptions.append(
-            Assumption(expr, bool(value) if is_bool else value, frame,
-                       f"torch._check({why.condition})", fix_at)
+            Assumption(expr, bool(value) if is_bool else value, frame, check, fix_at,
+                       self.describe_origins(symbols, short=True), naming is not None,
+                       why.condition)
         )
         self.defer_runtime_assert(fact, frame)
         return bool(value) if is_bool else value
@@ -558,14 +634,24 @@ class ShapeEnv:
             w = why.where
             frame = UserFrame(w.filename, w.lineno, w.name, w.code)
         where = f"  {why.where}" if why.where else "  <unknown location>"
+        symbols = sorted(unbacked, key=str)
+        origins = self.describe_origins(symbols)
+        origins = f"where {origins}\n" if origins else ""
         return GuardOnDataDependentSymNode(
             f"Could not guard on data-dependent expression {hinted} (unhinted: {expr}).  "
-            f"(Size-like symbols: {size_like})\n\n{where}\n\n"
-            f"{_what_symbols_are(sorted(unbacked, key=str), why.names)}\n"
-            f"{_fixes(why)}",
+            f"(Size-like symbols: {size_like})\n\n{where}\n\n{origins}"
+            f"{_what_symbols_are(symbols, why.names)}\n"
+            f"{_fixes(why, _naming_lines(why, symbols, self.unbacked_origins))}",
             expr,
             frame,
         )
+
+    def describe_origins(self, symbols: list[sympy.Symbol], *, short: bool = False) -> str:
+        """``u0 is `t.item()`, at File ...`` for each symbol whose origin capture noted
+        (``short``: ``u0 is `t.item()` (model.py:14)``)."""
+        origins = self.unbacked_origins
+        known = [origins[s].describe(s, short=short) for s in symbols if s in origins]
+        return ("; " if short else ";\n").join(known)
 
     # -- layout predicates ------------------------------------------------------------------
 

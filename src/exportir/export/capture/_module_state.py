@@ -15,6 +15,7 @@ tuple containers (recursively, as torch.export's snapshot does) so those writes 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -98,14 +99,19 @@ class ModuleState:
             # forward hooks registered once; dropping the flag would register them twice)
             mod.__dict__.update(saved.attrs)
 
-    def reassigned_buffers(self) -> dict[str, torch.Tensor]:
-        """Buffers forward assigned a new tensor to (``self.buf = ...``), by FQN; raises on
-        parameter or tensor-attribute assignments."""
+    def reassigned_buffers(
+        self, on_problem: Callable[[StateUpdateError, torch.nn.Module, str, str], None] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Buffers forward assigned a new tensor to (``self.buf = ...``), by FQN. A parameter or
+        tensor-attribute assignment raises :class:`StateUpdateError`, or, with ``on_problem``
+        (draft_export), is handed to it as ``(error, module, attribute, fix)`` and left out."""
         found = {}
         for saved in self._saved:
             mod = saved.module
-            self._check_parameters(saved)
-            self._check_attrs(saved)
+            for err, name, fix in (*self._parameter_problems(saved), *self._attr_problems(saved)):
+                if on_problem is None:
+                    raise err
+                on_problem(err, mod, name, fix)
             for name, old in saved.buffers.items():
                 new = mod._buffers.get(name)
                 if new is not old and new is not None:
@@ -113,24 +119,30 @@ class ModuleState:
         return found
 
     @staticmethod
-    def _check_parameters(saved: _Saved) -> None:
+    def _parameter_problems(saved: _Saved) -> list[tuple[StateUpdateError, str, str]]:
+        problems = []
         for name, old in saved.parameters.items():
             if saved.module._parameters.get(name) is not old:
-                raise StateUpdateError(
+                problems.append((StateUpdateError(
                     f"forward of {type(saved.module).__name__} reassigns parameter "
                     f"'{_prefix(saved.fqn, name)}'.\n"
                     "Parameters may not be updated during export: they are inputs of the exported "
                     "program. Keep state that changes in a buffer (self.register_buffer(...))."
-                )
+                ), name, (f"self.register_buffer({name!r}, <initial value>)  # in __init__, "
+                          "instead of the parameter")))
+        return problems
 
     @staticmethod
-    def _check_attrs(saved: _Saved) -> None:
+    def _attr_problems(saved: _Saved) -> list[tuple[StateUpdateError, str, str]]:
+        problems = []
         for name, value in _tensor_attrs(saved.module).items():
             if saved.tensor_attrs.get(name) is not value:
-                raise StateUpdateError(
+                problems.append((StateUpdateError(
                     f"forward of {type(saved.module).__name__} assigns a tensor to the plain "
                     f"attribute '{_prefix(saved.fqn, name)}'.\n"
                     "Tensor-valued plain attributes are constants of the exported program and may "
                     "not be assigned during export. Register it as a buffer "
                     f"(self.register_buffer('{name}', tensor)) and assign the buffer instead."
-                )
+                ), name, (f"self.register_buffer({name!r}, <value>)  # in __init__, in "
+                          f"place of self.{name} = <value>")))
+        return problems

@@ -3,7 +3,7 @@
 - ``stack_trace``: the user's frames, outer -> inner, like torch.export's non-strict mode: only
   frames of ``forward`` methods (user modules and ``torch.nn`` modules alike), formatted as
   ``File "...", line N, in forward\\n    code``.
-- ``nn_module_stack``: ``{"L__self__<fqn>": (fqn, "module.QualName")}`` outer -> inner, the root
+- ``nn_module_stack``: ``{"L__self__<fqn>[@k]": (fqn, "module.QualName")}`` outer -> inner, the root
   module included with fqn ``""``. Maintained by :class:`ModuleCalls`, which registers global
   forward pre/post hooks for the duration of the capture (removed in ``finally``).
 - ``source_fn_stack``: ``[(name, fn_or_class)]``: the innermost ``torch.nn`` module class when the
@@ -115,7 +115,7 @@ class ModuleCalls:
     them, whatever happened in between.
     """
 
-    __slots__ = ("_handles", "_names", "_snapshot", "_stack", "called")
+    __slots__ = ("_counts", "_handles", "_names", "_snapshot", "_stack", "called")
 
     def __init__(self, root: torch.nn.Module) -> None:
         self._names: dict[int, str] = {}
@@ -125,6 +125,7 @@ class ModuleCalls:
         self._handles: list[Any] = []
         self._snapshot: dict[str, tuple[str, str]] | None = {}
         self.called: list[str] = []
+        self._counts: dict[str, int] = {}  # calls so far, per fqn
 
     def __enter__(self) -> Self:
         hooks = torch.nn.modules.module
@@ -143,7 +144,12 @@ class ModuleCalls:
         fqn = self._names.get(id(mod))
         if fqn is None:  # a module that is not part of the exported tree (created in forward)
             fqn = f"<{type(mod).__name__}>"
-        self._stack.append(("L__self__" + fqn, (fqn, qualified_class_name(type(mod))), mod))
+        # the k-th call (k >= 1) of a module is keyed "L__self__<fqn>@k", as torch.export
+        # does: unflatten tells the calls apart by it
+        k = self._counts.get(fqn, 0)
+        self._counts[fqn] = k + 1
+        key = "L__self__" + fqn + (f"@{k}" if k else "")
+        self._stack.append((key, (fqn, qualified_class_name(type(mod))), mod))
         self._snapshot = None
         if fqn not in self.called:
             self.called.append(fqn)

@@ -83,7 +83,7 @@ class RealValues:
     def _run(self, until: Any) -> None:
         if self._broken is not None:
             return
-        with _RealMode():
+        with RealMode():
             for node in self._rec.graph.nodes:
                 if node in self._values:
                     continue
@@ -146,7 +146,7 @@ def _fresh(value: Any) -> Any:
     return value
 
 
-class _RealMode:
+class RealMode:
     """Runs real kernels from inside the capture: no dispatch or function modes (the capture's
     own modes are below on the stack), restored on exit."""
 

@@ -139,7 +139,7 @@ def data_dependent(what: str) -> DataDependentError:
 class FakeConverter:
     """Memoized real -> fake conversion (one fake per real tensor, kept alive with it)."""
 
-    __slots__ = ("_memo", "on_new_constant", "shape_env")
+    __slots__ = ("_memo", "on_new_constant", "real_kernel", "shape_env")
 
     def __init__(
         self,
@@ -149,6 +149,9 @@ class FakeConverter:
         self._memo: dict[int, tuple[torch.Tensor, FakeTensor]] = {}
         self.on_new_constant = on_new_constant
         self.shape_env = shape_env
+        # draft_export: (op, fake args, fake kwargs) -> meta outputs, for an op with no fake
+        # kernel (capture/_draft_kernels.py); None: such an op raises MissingFakeImplError
+        self.real_kernel: Callable[[Any, tuple, dict], Any] | None = None
 
     def register(self, real: torch.Tensor, fake: FakeTensor) -> None:
         self._memo[id(real)] = (real, fake)
@@ -255,16 +258,23 @@ def run_fake(func: Any, args: tuple, kwargs: dict, converter: FakeConverter) -> 
     if env is None:  # a pass (functionalize) re-running an op on symbolic values
         env = _shape_env_of(unwrapped)
     out_device = _result_device(func, kwargs, unwrapped.device)
-    if env is None:
-        return _wrap(_call_meta_static(func, unwrapped), unwrapped.fakes, out_device)
-    # sizes computed inside kernels (and by the wrapper's numel / contiguity) are not user
-    # arithmetic: the recorder does not hear of them
-    env.listener_paused += 1
     try:
-        meta_out = _call_meta_symbolic(func, unwrapped, env)
+        if env is None:
+            return _wrap(_call_meta_static(func, unwrapped), unwrapped.fakes, out_device)
+        # sizes computed inside kernels (and by the wrapper's numel / contiguity) are not user
+        # arithmetic: the recorder does not hear of them
+        env.listener_paused += 1
+        try:
+            meta_out = _call_meta_symbolic(func, unwrapped, env)
+            return _wrap(meta_out, unwrapped.fakes, out_device)
+        finally:
+            env.listener_paused -= 1
+    except MissingFakeImplError:
+        # draft_export: the real kernel on the example values gives the output's metadata
+        meta_out = None if converter.real_kernel is None else converter.real_kernel(func, args, kwargs)
+        if meta_out is None:
+            raise
         return _wrap(meta_out, unwrapped.fakes, out_device)
-    finally:
-        env.listener_paused -= 1
 
 
 def _shape_env_of(u: _Unwrapped) -> ShapeEnv | None:

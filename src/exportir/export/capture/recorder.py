@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Self
 
@@ -32,6 +33,7 @@ from exportir.export.capture._composite import (
     with_grad_of,
 )
 from exportir.export.capture._constant_result import DataDependentHooks
+from exportir.export.capture._draft_kernels import DraftProblems
 from exportir.export.capture._finalize import finalize
 from exportir.export.capture._indexing import SymIndexing
 from exportir.export.capture._inputs import bind_inputs, flatten_with_names, forward_arg_names
@@ -46,6 +48,7 @@ from exportir.export.capture._node_meta import (
     source_fn_entry,
 )
 from exportir.export.capture._runtime_asserts import insert_runtime_asserts, range_constraints
+from exportir.export.capture._symbol_origins import note_origins
 from exportir.export.capture.extension import NO_EXTENSION, CaptureExtension
 from exportir.export.capture.fake import (
     FakeConverter,
@@ -92,6 +95,7 @@ class Recorder:
         self.nodes: dict[int, tuple[torch.Tensor, Node]] = {}
         self.shape_env = shape_env if shape_env is not None else ShapeEnv()
         self.converter = FakeConverter(self._lift_constant, self.shape_env)
+        self._origins_noted = 0  # the ShapeEnv's unbacked count when origins were last noted
         # symbolic values -> the node computing them, made on first use (see sym_arg)
         self.sym_nodes: dict[int, tuple[Any, Any]] = {}
         self.sym_by_expr: dict[Any, Any] = {}
@@ -292,6 +296,10 @@ class Recorder:
             name=node_name(func),
         )
         self._fill_meta(node, func, _as_val(out))
+        env = self.shape_env
+        if env._unbacked != self._origins_noted:  # new unbacked symbols: note their origin
+            note_origins(env, func, out)
+            self._origins_noted = env._unbacked
         if isinstance(out, (tuple, list)):
             self._record_items(node, func, out)
         elif isinstance(out, torch.Tensor) and id(out) not in self.nodes:
@@ -603,6 +611,7 @@ class CaptureResult:
     module_call_graph: list[Any]
     shape_env: ShapeEnv | None = None
     range_constraints: dict[Any, Any] | None = None
+    problems: list[Any] = field(default_factory=list)  # draft mode: FailureReports (_problems.py)
 
 
 # Per flat user input: None (static), {dim: size} for a tensor (size: a sympy expression over
@@ -641,12 +650,15 @@ def capture(
     try:
         with ModuleState(mod) as state, ModuleCalls(mod) as calls, TorchFunctions() as functions:
             rec.modules, rec.functions = calls, functions
+            hooks = DataDependentHooks(rec, mod, draft=draft)
+            problems = DraftProblems(rec, hooks.values) if draft else None
             with ExportingFlags(), TraceSettings(rec.whole), CaptureMode(rec), \
-                    extension.mode(), SymIndexing(), \
-                    DataDependentHooks(rec, mod, draft=draft):
+                    extension.mode(), SymIndexing(), hooks, problems or nullcontext():
                 out = mod(*fake_args, **fake_kwargs)
+                on_problem = problems.state_update if problems is not None else None
                 reassigned = {
-                    fqn: rec.node_for(t) for fqn, t in state.reassigned_buffers().items()
+                    fqn: rec.node_for(t)
+                    for fqn, t in state.reassigned_buffers(on_problem).items()
                 }
         flat_out, out_spec = pytree.tree_flatten(out)
         _check_outputs(mod, out, flat_out)
@@ -668,6 +680,7 @@ def capture(
         ),
         shape_env=env,
         range_constraints=range_constraints(gm, env),
+        problems=problems.reports if problems is not None else [],
     )
 
 

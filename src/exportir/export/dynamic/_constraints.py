@@ -542,7 +542,12 @@ def solve(
         # expressed through the other: dx = dy + 1), whatever the ShapeEnv chose
         checker = _Checker(table, _collect(table, guards, replacements or {}, follow_env=False))
         checker.run()
-        raise UserError(UserErrorType.CONSTRAINT_VIOLATION, checker.message())
+        error = UserError(UserErrorType.CONSTRAINT_VIOLATION, checker.message())
+        # the parts of the message, for draft_export's report: each violation and the fixes
+        # (``dims``: name -> "dx = Dim('dx', ...)", others: "dy = dx + 1" / "dx = 4")
+        error.violations = tuple(checker.violations)
+        error.fixes = {**checker.dims, **checker.others}
+        raise error
     return Solution(dict(facts.subst), _final_ranges(table, facts))
 
 

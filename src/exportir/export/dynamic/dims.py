@@ -65,6 +65,8 @@ class UserError(RuntimeError):
         super().__init__(msg)
         self.error_type = error_type
         self.msg = msg
+        self.violations: tuple[Any, ...] = ()  # CONSTRAINT_VIOLATION: the solver's findings
+        self.fixes: dict[str, str] = {}  # dim name -> suggested definition
 
 
 def _invalid(msg: str) -> UserError:

@@ -73,7 +73,7 @@ def test_a_broken_check_on_an_item_fails_naming_the_check(n, expr):
     with pytest.raises(RuntimeFailure, match=expr) as info:
         method(torch.randn(6, 3), torch.tensor(n))
     assert info.value.op == "aten::_assert_scalar.default"
-    assert "test_data_dependent.py" in (info.value.source or "")
+    assert "test_item_programs.py" in (info.value.source or "")
 
 
 def test_run_decompositions_keeps_the_checks_as_torch_does():

@@ -4,7 +4,7 @@
 
     exportir export MODULE:FACTORY [--example-inputs SPEC ...] [--backend fused_cpu] -o model.xpt
     exportir inspect model.xpt [--method NAME]
-    exportir run model.xpt [--method NAME] [--inputs SPEC ...] [--repeat N]
+    exportir run model.xpt [--method NAME] [--inputs SPEC ...] [--repeat N] [--profile] [--trace T]
 
 ``MODULE`` is an importable module (``pkg.models``, resolved from the current directory too) or a
 Python file (``models/net.py``); ``FACTORY`` names an attribute of it: an ``nn.Module`` instance,
@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from exportir import _cli_profile
 
 _DTYPES: dict[str, torch.dtype] = {
     "f16": torch.float16, "float16": torch.float16, "half": torch.float16,
@@ -317,6 +319,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
           f"mean {statistics.fmean(ms):.3f} over {len(ms)} runs)")
     for k, out in enumerate(outputs):
         print(f"output {k:<5} {_describe(out)}")
+    if _cli_profile.wanted(ns):
+        _cli_profile.report(method, inputs, ns)
     return 0
 
 
@@ -360,6 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-verify", action="store_true",
                    help="skip the data segment checksum (the structure is still validated)")
+    _cli_profile.add_arguments(p)
     p.set_defaults(func=cmd_run)
     return parser
 

@@ -355,7 +355,11 @@ def _build(
         ))
     for pc, (calls, total) in sorted(totals.items()):
         info = infos[pc]
-        op = labels[pc] if pc not in inside else f"{labels[pc]} (outside its ops)"
+        if pc in inside:  # the delegate's own work around its ops: no module's
+            op = f"{labels[pc]} (outside its ops)"
+            info = NodeInfo(info.name, info.target, info.source)
+        else:
+            op = labels[pc]
         leaves.append(ProfileRow(
             f"{pc} {op}", op, calls, max(total - inside[pc], 0), info.name, info.source,
             info.module, info.module_type, pc,

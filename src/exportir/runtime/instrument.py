@@ -176,3 +176,85 @@ def written_values(program: Any, meta: schema.Method, ins: schema.Instruction) -
         value = meta.values[v]
         items.extend(getattr(value, "items", (v,)))
     return tuple(items)
+
+
+# ------------------------------------------------------------------------------ intermediates
+
+
+@dataclass(frozen=True, slots=True)
+class Intermediate:
+    """What one instruction (``op_index`` None) or one op inside a delegate call wrote in a
+    run: ``nodes`` are the graph nodes it came from (scope: the method's graph, or delegate
+    ``delegate``), ``values`` copies of the values it wrote, in order."""
+
+    pc: int
+    op: str
+    nodes: tuple[str, ...]
+    values: tuple[Any, ...]
+    delegate: int | None = None
+    op_index: int | None = None
+
+
+def _copy(value: Any) -> Any:
+    return value.detach().clone() if hasattr(value, "detach") else value
+
+
+class _CaptureSession(Session):
+    """Copies every value each instruction and each delegate op writes (a checked run)."""
+
+    def __init__(self, method: Method) -> None:
+        self.meta = method.meta
+        self.program = method._program
+        self.found: list[Intermediate] = []
+        self._ops: dict[int, Any] = {}
+        self._method = method
+
+    def wrap_step(self, pc: int, step: Callable[[list[Any]], int]) -> Callable[[list[Any]], int]:
+        ins = self.meta.instructions[pc]
+        written = written_values(self.program, self.meta, ins)
+        entry = self.meta.debug[ins.debug] if 0 <= ins.debug < len(self.meta.debug) else None
+        nodes = (entry.node_name,) if entry is not None and entry.node_name else ()
+        op = instruction_label(self.program, self.meta, ins)
+        found, session = self.found, self
+
+        def captured(values: list[Any]) -> int:
+            session.pc = pc
+            nxt = step(values)
+            found.append(Intermediate(pc, op, nodes, tuple(_copy(values[i]) for i in written)))
+            return nxt
+
+        return captured
+
+    def wrap_call(self, pc: int, call: Callable[[], object]) -> Callable[[], object]:
+        def refused() -> None:  # a capture makes one checked run; trusted calls never run
+            raise RuntimeError("an intermediate capture runs the checked steps only")
+
+        return refused
+
+    def delegate_hook(self, delegate: int) -> Callable[[int, tuple[Any, ...]], None] | None:
+        if delegate not in self._ops:
+            self._ops[delegate] = delegate_ops(self._method, delegate)
+        table = self._ops[delegate]
+        if table is None:
+            return None
+        found, session = self.found, self
+
+        def hook(i: int, outs: tuple[Any, ...]) -> None:
+            if i < 0 or i >= len(table):
+                return
+            name, nodes = table[i]
+            found.append(Intermediate(session.pc, name, tuple(nodes),
+                                      tuple(_copy(v) for v in outs), delegate, i))
+
+        return hook
+
+
+def capture_intermediates(method: Method, args: Sequence[Any], kwargs: dict[str, Any] | None = None
+                          ) -> tuple[tuple[Any, ...], list[Intermediate]]:
+    """Run ``method`` once (checked, on a fresh instrumented state) and return its outputs and
+    every intermediate it wrote, in execution order (a delegate's ops before the delegate
+    instruction's own results)."""
+    session = _CaptureSession(method)
+    state = instrumented_state(method, session)
+    outputs = state.execute(state._flatten_inputs(tuple(args), dict(kwargs or {})))
+    return outputs, session.found

@@ -1,0 +1,303 @@
+"""``compare``: where a program's numbers first drift from eager PyTorch.
+
+The program runs once in the runtime with every intermediate copied out
+(:func:`exportir.runtime.instrument.capture_intermediates`: each instruction's results, and
+each op's results inside delegates whose backend can be instrumented). The Edge graph it was
+emitted from runs once in eager PyTorch, node by node (:mod:`._reference`). Intermediates are
+matched to graph nodes through the program's debug tables (an instruction's ``DebugEntry``
+names its node; a fused op names the nodes it replaced, and the one whose value has the op
+result's shape and dtype is compared). Values are compared in execution order; the first one
+beyond tolerance is the drift. The model itself runs eagerly too, and the program's outputs
+are compared with its outputs.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from exportir import pytree
+from exportir.debug._reference import ReferenceRun, run_reference
+from exportir.program import schema
+from exportir.program.kernels import source_line
+
+__all__ = ["DriftReport", "NodeComparison", "OutputComparison", "compare"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeComparison:
+    """One program intermediate against the eager value of the graph node it came from."""
+
+    position: int
+    pc: int
+    op: str
+    node: str
+    source: str
+    module: str
+    module_type: str
+    shape: tuple[int, ...]
+    dtype: str
+    max_abs: float
+    max_rel: float
+    within: bool
+    delegate_op: int | None = None
+
+    @property
+    def where(self) -> str:
+        site = f"instruction {self.pc}"
+        if self.delegate_op is not None:
+            site += f", delegate op {self.delegate_op}"
+        return site
+
+
+@dataclass(frozen=True, slots=True)
+class OutputComparison:
+    """One program output against the eager model's output at the same position."""
+
+    index: int
+    max_abs: float
+    max_rel: float
+    within: bool
+
+
+@dataclass(slots=True)
+class DriftReport:
+    """The result of :func:`compare`: ``first_drift`` (None when every compared value is
+    within tolerance), ``nodes`` (every comparison, in execution order), ``outputs``."""
+
+    method: str
+    rtol: float
+    atol: float
+    nodes: list[NodeComparison] = field(default_factory=list)
+    outputs: list[OutputComparison] = field(default_factory=list)
+    unmatched: int = 0
+
+    @property
+    def first_drift(self) -> NodeComparison | None:
+        return next((c for c in self.nodes if not c.within), None)
+
+    @property
+    def drifted(self) -> list[NodeComparison]:
+        return [c for c in self.nodes if not c.within]
+
+    @property
+    def ok(self) -> bool:
+        return self.first_drift is None and all(o.within for o in self.outputs)
+
+    def summary(self) -> str:
+        first = self.first_drift
+        head = (f"compared {len(self.nodes)} intermediate values of method {self.method!r} with "
+                f"eager (rtol={self.rtol:g}, atol={self.atol:g})")
+        if first is None:
+            verdict = "no drift: every compared value is within tolerance"
+        else:
+            module = f" in module {first.module or '<root>'}" if first.module_type else ""
+            verdict = (
+                f"first drift: node {first.node!r} ({first.op}, {first.where}){module}\n"
+                f"  from user code: {first.source or '<unknown>'}\n"
+                f"  max abs error {first.max_abs:.3g}, max rel error {first.max_rel:.3g} "
+                f"on {first.dtype}{list(first.shape)}; {len(self.drifted)} of "
+                f"{len(self.nodes)} values beyond tolerance"
+            )
+        outs = ", ".join(
+            f"{o.index}: {'ok' if o.within else 'DRIFT'} (max abs {o.max_abs:.3g})"
+            for o in self.outputs
+        )
+        return f"{head}\n{verdict}\noutputs vs the eager model: {outs or 'none'}"
+
+    def table(self, limit: int | None = 40) -> str:
+        """Every comparison (the first ``limit``, and every drift after them) as text."""
+        shown = [c for k, c in enumerate(self.nodes)
+                 if limit is None or k < limit or not c.within]
+        rows = [("#", "node", "op", "max abs", "max rel", "", "source")]
+        rows += [(str(c.position), c.node, c.op, f"{c.max_abs:.3g}", f"{c.max_rel:.3g}",
+                  "ok" if c.within else "DRIFT", c.source) for c in shown]
+        widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+        return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
+
+    def __str__(self) -> str:
+        return f"{self.summary()}\n\n{self.table()}"
+
+
+# ------------------------------------------------------------------------------ errors
+
+
+def _errors(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float
+            ) -> tuple[float, float, bool]:
+    """Max absolute and relative errors and whether ``got`` is within tolerance of ``want``."""
+    if got.numel() == 0:
+        return 0.0, 0.0, True
+    if not (got.is_floating_point() or got.is_complex()):
+        diff = (got.to(torch.float64) - want.to(torch.float64)).abs()
+        max_abs = float(diff.max())
+        return max_abs, max_abs, max_abs == 0
+    a, b = got.to(torch.float64), want.to(torch.float64)
+    diff = (a - b).abs()
+    same_nan = a.isnan() & b.isnan()
+    diff = torch.where(same_nan, torch.zeros_like(diff), diff)
+    diff = torch.nan_to_num(diff, nan=float("inf"))
+    rel = diff / b.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    rel = torch.where(diff == 0, torch.zeros_like(rel), rel)
+    within = bool(torch.all(diff <= atol + rtol * b.abs().nan_to_num(nan=0.0)))
+    return float(diff.max()), float(rel.max()), within
+
+
+# ------------------------------------------------------------------------------ matching
+
+
+def _items(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (tuple, list)) else [value]
+
+
+def _same_kind(a: Any, b: Any) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and tuple(a.shape) == tuple(b.shape) and a.dtype == b.dtype)
+
+
+def _instruction_pairs(nodes: Sequence[str], values: Sequence[Any], ref: ReferenceRun
+                       ) -> list[tuple[str, Any, Any]]:
+    """An instruction's results against its node's results (item ``k`` of a multi-result
+    node only when something reads it: an unread out may be left unwritten)."""
+    if len(nodes) != 1 or nodes[0] not in ref.values:
+        return []
+    name = nodes[0]
+    items = _items(ref.values[name])
+    read = ref.items_read.get(name, set()) | {0}
+    multi = isinstance(ref.values[name], (tuple, list))
+    return [
+        (name, got, want)
+        for k, (got, want) in enumerate(zip(values, items))
+        if (not multi or k in read) and _same_kind(got, want)
+    ]
+
+
+def _fused_pairs(nodes: Sequence[str], values: Sequence[Any], ref: ReferenceRun
+                 ) -> list[tuple[str, Any, Any]]:
+    """A fused op's results against the first of its nodes with a value of the same kind."""
+    pairs = []
+    for got in values:
+        for name in nodes:
+            want = ref.values.get(name)
+            candidates = _items(want) if isinstance(want, (tuple, list)) else [want]
+            match = next((w for w in candidates if _same_kind(got, w)), None)
+            if match is not None:
+                pairs.append((name, got, match))
+                break
+    return pairs
+
+
+# ------------------------------------------------------------------------------ compare
+
+
+def _as_program(program_or_ep: Any, method: str, partitioner: Any) -> Any:
+    """The ``ProgramManager`` (program and the Edge programs it came from) to compare."""
+    from exportir.export import ExportedProgram
+    from exportir.program.manager import EdgeProgramManager, ProgramManager, to_edge
+
+    if isinstance(program_or_ep, ProgramManager):
+        return program_or_ep
+    if isinstance(program_or_ep, EdgeProgramManager):
+        return program_or_ep.to_program()
+    if isinstance(program_or_ep, ExportedProgram):
+        if partitioner is not None:
+            from exportir.program.transform_and_lower import to_edge_transform_and_lower
+
+            return to_edge_transform_and_lower(program_or_ep, partitioner=partitioner).to_program()
+        return to_edge(program_or_ep).to_program()
+    raise TypeError(
+        "compare takes an ExportedProgram (exportir.export), an EdgeProgramManager "
+        "(to_edge / to_edge_transform_and_lower) or a ProgramManager (.to_program()); got "
+        f"{type(program_or_ep).__name__}. A program file alone has no graph to compare with: "
+        "compare the ProgramManager it was saved from"
+    )
+
+
+def _node_info(meta: schema.Method, ref: ReferenceRun, name: str, delegate: int | None
+               ) -> tuple[str, str, str]:
+    """(source, module, module_type) of a node: the program's debug node table first."""
+    scope = schema.DEBUG_METHOD_SCOPE if delegate is None else delegate
+    for n in meta.nodes:
+        if n.name == name and n.scope == scope:
+            return n.source, n.module, n.module_type
+    node = ref.nodes.get(name)
+    if node is None:
+        return "", "", ""
+    stack = node.meta.get("nn_module_stack") or {}
+    path, kind = list(stack.values())[-1] if stack else ("", "")
+    return source_line(node), str(path), str(getattr(kind, "__qualname__", kind))
+
+
+def _check_tolerance(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"{name} must be a number >= 0; got {value!r}")
+    return float(value)
+
+
+def compare(
+    program_or_ep: Any,
+    model: Any,
+    inputs: Any,
+    *,
+    rtol: float = 1e-4,
+    atol: float = 1e-5,
+    method: str = "forward",
+    partitioner: Any = None,
+    kernels: Any = None,
+) -> DriftReport:
+    """Run the program and ``model`` on ``inputs`` (a tuple of positional arguments) and
+    report where the program's intermediate values first drift from eager.
+
+    ``program_or_ep``: an ``ExportedProgram`` (lowered here with ``to_edge``, or with
+    ``to_edge_transform_and_lower(partitioner=...)`` when ``partitioner`` is given), an
+    ``EdgeProgramManager`` or a ``ProgramManager``. ``kernels``: the runtime
+    ``KernelRegistry`` to load the program with (your own kernels). Returns a
+    :class:`DriftReport`; ``print(report)`` shows the first drift with its source line and
+    every comparison with its max abs / rel error.
+    """
+    from exportir.runtime import Program
+    from exportir.runtime.instrument import capture_intermediates
+
+    rtol, atol = _check_tolerance("rtol", rtol), _check_tolerance("atol", atol)
+    args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    manager = _as_program(program_or_ep, method, partitioner)
+    if method not in manager.methods:
+        raise ValueError(f"the program has no method {method!r}; it has {sorted(manager.methods)}")
+    edge = manager.exported_program(method)
+    loaded = Program.load(manager.buffer, kernels=kernels).method(method)
+    outputs, found = capture_intermediates(loaded, args)
+    flat_inputs = pytree.tree_leaves((args, {}))
+    ref = run_reference(edge, [x.clone() if isinstance(x, torch.Tensor) else x
+                               for x in flat_inputs])
+    report = DriftReport(method, rtol, atol)
+    for item in found:
+        pairs = (_instruction_pairs if item.delegate is None else _fused_pairs)(
+            item.nodes, item.values, ref)
+        if not pairs:
+            report.unmatched += 1
+        for name, got, want in pairs:
+            max_abs, max_rel, within = _errors(got, want, rtol, atol)
+            source, module, module_type = _node_info(loaded.meta, ref, name, item.delegate)
+            report.nodes.append(NodeComparison(
+                len(report.nodes), item.pc, item.op, name, source, module, module_type,
+                tuple(got.shape), str(got.dtype).removeprefix("torch."), max_abs, max_rel,
+                within, item.op_index,
+            ))
+    report.outputs = _compare_outputs(outputs, model, args, rtol, atol)
+    return report
+
+
+def _compare_outputs(outputs: Sequence[Any], model: Any, args: tuple[Any, ...],
+                     rtol: float, atol: float) -> list[OutputComparison]:
+    with torch.no_grad():
+        expected = pytree.tree_leaves(copy.deepcopy(model)(*copy.deepcopy(args)))
+    found = []
+    for k, (got, want) in enumerate(zip(outputs, expected)):
+        if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and (
+            got.shape == want.shape
+        ):
+            found.append(OutputComparison(k, *_errors(got, want.to(got.dtype), rtol, atol)))
+    return found

@@ -30,7 +30,9 @@ __all__ = ["DriftReport", "NodeComparison", "OutputComparison", "compare"]
 
 @dataclass(frozen=True, slots=True)
 class NodeComparison:
-    """One program intermediate against the eager value of the graph node it came from."""
+    """One program intermediate against the eager value of the graph node it came from:
+    ``max_abs`` = max |got - want|, ``max_rel`` = max |got - want| / max(|want|, atol);
+    ``within``: every element has |got - want| <= atol + rtol * |want|."""
 
     position: int
     pc: int
@@ -113,9 +115,9 @@ class DriftReport:
         """Every comparison (the first ``limit``, and every drift after them) as text."""
         shown = [c for k, c in enumerate(self.nodes)
                  if limit is None or k < limit or not c.within]
-        rows = [("#", "node", "op", "max abs", "max rel", "", "source")]
+        rows = [("#", "node", "op", "max abs", "max rel", "", "source", "module")]
         rows += [(str(c.position), c.node, c.op, f"{c.max_abs:.3g}", f"{c.max_rel:.3g}",
-                  "ok" if c.within else "DRIFT", c.source) for c in shown]
+                  "ok" if c.within else "DRIFT", c.source, c.module) for c in shown]
         widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
         return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
 
@@ -140,7 +142,8 @@ def _errors(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float
     same_nan = a.isnan() & b.isnan()
     diff = torch.where(same_nan, torch.zeros_like(diff), diff)
     diff = torch.nan_to_num(diff, nan=float("inf"))
-    rel = diff / b.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    # relative to the reference's magnitude, and to atol where the reference is about zero
+    rel = diff / b.abs().clamp_min(max(atol, torch.finfo(torch.float64).tiny))
     rel = torch.where(diff == 0, torch.zeros_like(rel), rel)
     within = bool(torch.all(diff <= atol + rtol * b.abs().nan_to_num(nan=0.0)))
     return float(diff.max()), float(rel.max()), within

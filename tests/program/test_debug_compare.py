@@ -130,6 +130,7 @@ def test_bad_arguments_are_refused_clearly(setup, tmp_path):
         exportir.debug.compare(ep, model, (x,), method="decode")
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch and exporting: ~15 s on a busy machine
 def test_compare_runs_in_a_fresh_process():
     code = (
         "import torch, exportir, exportir.debug\n"
@@ -143,3 +144,53 @@ def test_compare_runs_in_a_fresh_process():
                           check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "2"]
+
+
+# ------------------------------------------------------------------------------ ETRecord
+
+
+def test_a_program_file_compares_through_its_saved_etrecord(setup, tmp_path):
+    model, x, ep = setup
+    manager = exportir.to_edge(ep).to_program()
+    manager.save(tmp_path / "model.xpt")
+    manager.get_etrecord().save(tmp_path / "model.etrecord")
+    clean = exportir.debug.compare(tmp_path / "model.xpt", model, (x,),
+                                   etrecord=tmp_path / "model.etrecord")
+    assert clean.ok and len(clean.nodes) == 5
+    kernels = default_kernel_registry()
+
+    def drifting_relu(x, out):
+        torch.clamp_min(x, 0, out=out)
+        out.add_(0.25)
+
+    kernels.register_function("aten::relu.out", drifting_relu, arity=2, writes=(1,))
+    first = exportir.debug.compare(str(tmp_path / "model.xpt"), model, (x,), kernels=kernels,
+                                   etrecord=str(tmp_path / "model.etrecord")).first_drift
+    assert first.node == "relu" and first.source.endswith(_line("# BLOCK_LINE"))
+
+
+def test_the_etrecord_of_a_delegated_program_inlines_the_delegated_subgraph(setup, tmp_path):
+    model, x, ep = setup
+    lowered = exportir.to_edge_transform_and_lower(
+        ep, partitioner=[FusedCpuPartitioner(own_constants=True)], generate_etrecord=True)
+    manager = lowered.to_program()
+    record = manager.get_etrecord()
+    reference = record.reference_programs["forward"]
+    names = [n.name for n in reference.graph.nodes if n.op == "call_function"]
+    assert names == ["permute", "addmm", "native_layer_norm", "getitem", "relu", "permute_1",
+                     "addmm_1", "mul"]
+    record.save(tmp_path / "fused.etrecord")
+    report = exportir.debug.compare(manager.buffer, model, (x,),
+                                    etrecord=tmp_path / "fused.etrecord")
+    assert report.ok and {c.op for c in report.nodes} >= {"aten.linear.default"}
+
+
+def test_an_etrecord_is_checked_against_its_program(setup, tmp_path):
+    model, x, ep = setup
+    other = exportir.to_edge(exportir.export(Net().eval(), (x,))).to_program()
+    mine = exportir.to_edge(ep).to_program()
+    with pytest.raises(ValueError, match="made for another program"):
+        exportir.debug.compare(mine.buffer, model, (x,), etrecord=other.get_etrecord())
+    exportir.save(ep, tmp_path / "plain.pt2")
+    with pytest.raises(exportir.debug.ETRecordError, match="is not an exportir ETRecord"):
+        exportir.debug.load_etrecord(tmp_path / "plain.pt2")

@@ -8,10 +8,21 @@
     print(report)              # the first node beyond tolerance, with its source line,
     report.first_drift         # then every compared node with its max abs / rel error
 
-See ``docs/debugging.md``. Profiles of a program run are the runtime's
+A program file and its ETRecord (``program_manager.get_etrecord().save(path)``) compare the
+same way: ``compare("model.xpt", model, (x,), etrecord="model.etrecord")``. See
+``docs/debugging.md``. Profiles of a program run are the runtime's
 (``method.profile(...)``, :mod:`exportir.runtime.profile`).
 """
 
 from exportir.debug._compare import DriftReport, NodeComparison, OutputComparison, compare
+from exportir.program.etrecord import ETRecord, ETRecordError, load_etrecord
 
-__all__ = ["DriftReport", "NodeComparison", "OutputComparison", "compare"]
+__all__ = [
+    "DriftReport",
+    "ETRecord",
+    "ETRecordError",
+    "NodeComparison",
+    "OutputComparison",
+    "compare",
+    "load_etrecord",
+]

@@ -14,6 +14,7 @@ are compared with its outputs.
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -196,7 +197,7 @@ def _fused_pairs(nodes: Sequence[str], values: Sequence[Any], ref: ReferenceRun
 # ------------------------------------------------------------------------------ compare
 
 
-def _as_program(program_or_ep: Any, method: str, partitioner: Any) -> Any:
+def _as_program(program_or_ep: Any, partitioner: Any) -> Any:
     """The ``ProgramManager`` (program and the Edge programs it came from) to compare."""
     from exportir.export import ExportedProgram
     from exportir.program.manager import EdgeProgramManager, ProgramManager, to_edge
@@ -213,10 +214,39 @@ def _as_program(program_or_ep: Any, method: str, partitioner: Any) -> Any:
         return to_edge(program_or_ep).to_program()
     raise TypeError(
         "compare takes an ExportedProgram (exportir.export), an EdgeProgramManager "
-        "(to_edge / to_edge_transform_and_lower) or a ProgramManager (.to_program()); got "
-        f"{type(program_or_ep).__name__}. A program file alone has no graph to compare with: "
-        "compare the ProgramManager it was saved from"
+        "(to_edge / to_edge_transform_and_lower), a ProgramManager (.to_program()), or a "
+        f"program file's path or bytes with etrecord=...; got {type(program_or_ep).__name__}. "
+        "A program file alone has no graph to compare with: pass the ETRecord of the program "
+        "(program_manager.get_etrecord().save(path)) as etrecord="
     )
+
+
+def _program_and_reference(program_or_ep: Any, etrecord: Any, method: str, partitioner: Any
+                           ) -> tuple[bytes | memoryview, Any, set[str]]:
+    """The program's bytes, the graph of ``method`` to run as the reference, and the methods."""
+    if etrecord is None:
+        manager = _as_program(program_or_ep, partitioner)
+        methods = set(manager.methods)
+        if method not in methods:
+            raise ValueError(f"the program has no method {method!r}; it has {sorted(methods)}")
+        return manager.buffer, manager.exported_program(method), methods
+    from exportir.program.etrecord import ETRecord, load_etrecord
+
+    record = etrecord if isinstance(etrecord, ETRecord) else load_etrecord(etrecord)
+    if isinstance(program_or_ep, (bytes, bytearray, memoryview)):
+        data = program_or_ep
+    elif isinstance(program_or_ep, (str, os.PathLike)):
+        with open(program_or_ep, "rb") as f:
+            data = f.read()
+    else:
+        data = _as_program(program_or_ep, partitioner).buffer
+    if not record.belongs_to(data):
+        raise ValueError("the ETRecord was made for another program (its program_sha256 differs "
+                         "from this program's): save the ETRecord of the program you compare")
+    methods = set(record.reference_programs)
+    if method not in methods:
+        raise ValueError(f"the program has no method {method!r}; it has {sorted(methods)}")
+    return data, record.reference_programs[method], methods
 
 
 def _node_info(meta: schema.Method, ref: ReferenceRun, name: str, delegate: int | None
@@ -250,13 +280,16 @@ def compare(
     method: str = "forward",
     partitioner: Any = None,
     kernels: Any = None,
+    etrecord: Any = None,
 ) -> DriftReport:
     """Run the program and ``model`` on ``inputs`` (a tuple of positional arguments) and
     report where the program's intermediate values first drift from eager.
 
     ``program_or_ep``: an ``ExportedProgram`` (lowered here with ``to_edge``, or with
     ``to_edge_transform_and_lower(partitioner=...)`` when ``partitioner`` is given), an
-    ``EdgeProgramManager`` or a ``ProgramManager``. ``kernels``: the runtime
+    ``EdgeProgramManager`` or a ``ProgramManager``; or a program file (path or bytes) with
+    ``etrecord``, its ETRecord (``ProgramManager.get_etrecord()``, or the path it was saved
+    to), which holds the graph the program was emitted from. ``kernels``: the runtime
     ``KernelRegistry`` to load the program with (your own kernels). Returns a
     :class:`DriftReport`; ``print(report)`` shows the first drift with its source line and
     every comparison with its max abs / rel error.
@@ -266,11 +299,8 @@ def compare(
 
     rtol, atol = _check_tolerance("rtol", rtol), _check_tolerance("atol", atol)
     args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-    manager = _as_program(program_or_ep, method, partitioner)
-    if method not in manager.methods:
-        raise ValueError(f"the program has no method {method!r}; it has {sorted(manager.methods)}")
-    edge = manager.exported_program(method)
-    loaded = Program.load(manager.buffer, kernels=kernels).method(method)
+    data, edge, _ = _program_and_reference(program_or_ep, etrecord, method, partitioner)
+    loaded = Program.load(data, kernels=kernels).method(method)
     outputs, found = capture_intermediates(loaded, args)
     flat_inputs = pytree.tree_leaves((args, {}))
     ref = run_reference(edge, [x.clone() if isinstance(x, torch.Tensor) else x

@@ -44,7 +44,9 @@ def _bounded(text: str) -> str:
 
 
 def debug_node(node: Node, scope: int) -> schema.DebugNode:
-    module, module_type = _module_of(node)
+    # a delegate call runs what many modules' nodes became: it belongs to none of them
+    delegate = target_name(node.target) == "executorch_call_delegate"
+    module, module_type = ("", "") if delegate else _module_of(node)
     return schema.DebugNode(
         scope, _bounded(node.name), _bounded(target_name(node.target)),
         _bounded(source_line(node)), _bounded(module), _bounded(module_type),

@@ -192,3 +192,28 @@ def test_cli_run_profile_prints_the_table_and_writes_a_trace(programs, tmp_path)
         check=False,
     )
     assert bad.returncode == 2 and "--top: expected a positive integer, got 0" in bad.stderr
+
+
+class Branchy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(1))
+
+    def forward(self, x):
+        self.count.add_(1)
+        out = torch.cond(x.sum() > 0, lambda x: x.relu() * 2, lambda x: x.sigmoid(), (x,))
+        return out + self.count
+
+
+def test_a_method_with_jumps_and_state_profiles_on_its_own_state():
+    x = torch.randn(3, 4).abs()
+    program = Program.load(exportir.to_edge(exportir.export(Branchy(), (x,))).to_program().buffer)
+    method = program.method()
+    profile = method.profile(x, repeat=3)
+    timed = [r for r in profile.rows() if r.pc is not None]
+    assert timed and all(r.calls == 3 for r in timed)
+    assert any("relu" in r.op for r in timed) and not any("sigmoid" in r.op for r in timed)
+    assert {e["cat"] for e in profile.chrome_trace()["traceEvents"] if e["ph"] == "X"} == {
+        "run", "instruction"}
+    # the method's own buffer was not advanced by the profile's four runs
+    torch.testing.assert_close(method(x), Branchy()(x))

@@ -140,13 +140,13 @@ def _errors(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float
         return max_abs, max_abs, max_abs == 0
     a, b = got.to(torch.float64), want.to(torch.float64)
     diff = (a - b).abs()
-    same_nan = a.isnan() & b.isnan()
-    diff = torch.where(same_nan, torch.zeros_like(diff), diff)
+    same = (a == b) | (a.isnan() & b.isnan())  # equal infinities and NaNs are no error
+    diff = torch.where(same, torch.zeros_like(diff), diff)
     diff = torch.nan_to_num(diff, nan=float("inf"))
     # relative to the reference's magnitude, and to atol where the reference is about zero
     rel = diff / b.abs().clamp_min(max(atol, torch.finfo(torch.float64).tiny))
     rel = torch.where(diff == 0, torch.zeros_like(rel), rel)
-    within = bool(torch.all(diff <= atol + rtol * b.abs().nan_to_num(nan=0.0)))
+    within = bool(torch.all(diff <= atol + rtol * b.abs().nan_to_num(nan=0.0, posinf=0.0)))
     return float(diff.max()), float(rel.max()), within
 
 
@@ -181,12 +181,19 @@ def _instruction_pairs(nodes: Sequence[str], values: Sequence[Any], ref: Referen
 
 def _fused_pairs(nodes: Sequence[str], values: Sequence[Any], ref: ReferenceRun
                  ) -> list[tuple[str, Any, Any]]:
-    """A fused op's results against the first of its nodes with a value of the same kind."""
+    """A fused op's results against the nodes it replaced: each result against the last node
+    (in graph order) with a value of the same shape and dtype, the end of the fused chain
+    (``relu`` of convolution + batch norm + relu; the ``view`` back after a linear's
+    ``addmm``)."""
     pairs = []
-    for got in values:
-        for name in nodes:
-            want = ref.values.get(name)
+    order = sorted((n for n in nodes if n in ref.values), key=ref.order.__getitem__,
+                   reverse=True)
+    for j, got in enumerate(values):
+        for name in order:
+            want = ref.values[name]
             candidates = _items(want) if isinstance(want, (tuple, list)) else [want]
+            if len(candidates) == len(values) > 1:  # results of a multi-result node: by position
+                candidates = [candidates[j]]
             match = next((w for w in candidates if _same_kind(got, w)), None)
             if match is not None:
                 pairs.append((name, got, match))
@@ -282,7 +289,8 @@ def compare(
     kernels: Any = None,
     etrecord: Any = None,
 ) -> DriftReport:
-    """Run the program and ``model`` on ``inputs`` (a tuple of positional arguments) and
+    """Run the program and ``model`` on ``inputs`` (a tuple of positional arguments, or a dict
+    of keyword arguments) and
     report where the program's intermediate values first drift from eager.
 
     ``program_or_ep``: an ``ExportedProgram`` (lowered here with ``to_edge``, or with
@@ -298,13 +306,12 @@ def compare(
     from exportir.runtime.instrument import capture_intermediates
 
     rtol, atol = _check_tolerance("rtol", rtol), _check_tolerance("atol", atol)
-    args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    args, kwargs = _split_inputs(inputs)
     data, edge, _ = _program_and_reference(program_or_ep, etrecord, method, partitioner)
     loaded = Program.load(data, kernels=kernels).method(method)
-    outputs, found = capture_intermediates(loaded, args)
-    flat_inputs = pytree.tree_leaves((args, {}))
-    ref = run_reference(edge, [x.clone() if isinstance(x, torch.Tensor) else x
-                               for x in flat_inputs])
+    flat_inputs = loaded._state._flatten_inputs(args, kwargs)  # the program's input order
+    outputs, found = capture_intermediates(loaded, [_copy(x) for x in flat_inputs])
+    ref = run_reference(edge, [_copy(x) for x in flat_inputs])
     report = DriftReport(method, rtol, atol)
     for item in found:
         pairs = (_instruction_pairs if item.delegate is None else _fused_pairs)(
@@ -319,14 +326,29 @@ def compare(
                 tuple(got.shape), str(got.dtype).removeprefix("torch."), max_abs, max_rel,
                 within, item.op_index,
             ))
-    report.outputs = _compare_outputs(outputs, model, args, rtol, atol)
+    report.outputs = _compare_outputs(outputs, model, args, kwargs, rtol, atol)
     return report
 
 
+def _copy(x: Any) -> Any:
+    return x.clone() if isinstance(x, torch.Tensor) else x
+
+
+def _split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``inputs`` as (args, kwargs): a tuple or list of positional arguments, a dict of keyword
+    arguments, or one tensor."""
+    if isinstance(inputs, dict):
+        return (), dict(inputs)
+    if isinstance(inputs, (tuple, list)):
+        return tuple(inputs), {}
+    return (inputs,), {}
+
+
 def _compare_outputs(outputs: Sequence[Any], model: Any, args: tuple[Any, ...],
-                     rtol: float, atol: float) -> list[OutputComparison]:
+                     kwargs: dict[str, Any], rtol: float, atol: float) -> list[OutputComparison]:
     with torch.no_grad():
-        expected = pytree.tree_leaves(copy.deepcopy(model)(*copy.deepcopy(args)))
+        expected = pytree.tree_leaves(copy.deepcopy(model)(*copy.deepcopy(args),
+                                                           **copy.deepcopy(kwargs)))
     found = []
     for k, (got, want) in enumerate(zip(outputs, expected)):
         if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and (

@@ -24,12 +24,13 @@ _STATE_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
 class ReferenceRun:
     """Node values of one eager run: ``values[name]`` (a tensor, a tuple of results, or a
     scalar), ``items_read[name]`` the result indices of a multi-result node that some
-    ``getitem`` reads, and ``nodes[name]`` the graph node itself."""
+    ``getitem`` reads, ``nodes[name]`` the graph node itself and ``order[name]`` when it ran."""
 
     def __init__(self) -> None:
         self.values: dict[str, Any] = {}
         self.items_read: dict[str, set[int]] = {}
         self.nodes: dict[str, Node] = {}
+        self.order: dict[str, int] = {}  # name -> position in the run
         self.outputs: tuple[Any, ...] = ()
 
 
@@ -80,6 +81,7 @@ def run_reference(ep: Any, user_inputs: Sequence[Any], run: ReferenceRun | None 
                 env[node] = _call(node, env, run)
                 run.values[node.name] = env[node]
                 run.nodes[node.name] = node
+                run.order[node.name] = len(run.order)
                 if node.target is operator.getitem and isinstance(node.args[0], Node):
                     run.items_read.setdefault(node.args[0].name, set()).add(node.args[1])
             elif node.op == "output":

@@ -194,3 +194,24 @@ def test_an_etrecord_is_checked_against_its_program(setup, tmp_path):
     exportir.save(ep, tmp_path / "plain.pt2")
     with pytest.raises(exportir.debug.ETRecordError, match="is not an exportir ETRecord"):
         exportir.debug.load_etrecord(tmp_path / "plain.pt2")
+
+
+class Counter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("steps", torch.zeros(1))
+
+    def forward(self, x, *, scale):
+        self.steps.add_(1)
+        return x * scale + self.steps
+
+
+def test_keyword_inputs_and_a_mutated_buffer_are_handled():
+    model = Counter()
+    x = torch.randn(2, 3)
+    kwargs = {"x": x, "scale": torch.tensor(2.0)}
+    ep = exportir.export(model, (), kwargs)
+    model.steps.zero_()  # exporting ran forward on fake tensors only; make it explicit
+    report = exportir.debug.compare(ep, model, kwargs)
+    assert report.ok and report.outputs and report.outputs[0].within
+    assert model.steps.item() == 0  # compare ran the model, then restored its buffer

@@ -344,11 +344,24 @@ def _split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return (inputs,), {}
 
 
+def _run_model(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``model(*args, **kwargs)`` without autograd, on copies of the inputs, leaving the
+    model's buffers as they were (a KV cache it updates is restored)."""
+    buffers = list(model.named_buffers()) if isinstance(model, torch.nn.Module) else []
+    saved = [b.detach().clone() for _, b in buffers]
+    try:
+        with torch.no_grad():
+            return model(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+    finally:
+        with torch.no_grad():
+            for (_, b), before in zip(buffers, saved):
+                if b.shape == before.shape:
+                    b.copy_(before)
+
+
 def _compare_outputs(outputs: Sequence[Any], model: Any, args: tuple[Any, ...],
                      kwargs: dict[str, Any], rtol: float, atol: float) -> list[OutputComparison]:
-    with torch.no_grad():
-        expected = pytree.tree_leaves(copy.deepcopy(model)(*copy.deepcopy(args),
-                                                           **copy.deepcopy(kwargs)))
+    expected = pytree.tree_leaves(_run_model(model, args, kwargs))
     found = []
     for k, (got, want) in enumerate(zip(outputs, expected)):
         if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and (

@@ -90,6 +90,10 @@ def test_ops_inside_a_fused_delegate_are_timed(programs):
     by_module = {r.key: r for r in profile.rows(by="module")}
     assert {"block.lin", "block.ln", "head"} <= set(by_module)
     assert len(profile.rows(by="op", top=2)) == 2
+    tree = {r.module: r for r in profile.rows(by="module_tree") if r.module or r.module_type}
+    assert tree["block"].total_ns == sum(tree[m].total_ns for m in ("block.lin", "block.ln")) + (
+        by_module["block"].total_ns)  # block's own relu plus its submodules'
+    assert tree[""].key == "<root>" and tree["block.lin"].key == "    lin"
 
 
 def test_chrome_trace_nests_runs_instructions_and_delegate_ops(programs, tmp_path):

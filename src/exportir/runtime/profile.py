@@ -36,7 +36,7 @@ from exportir.runtime.instrument import (
 
 __all__ = ["GROUPINGS", "Profile", "ProfileRow", "profile_method"]
 
-GROUPINGS = ("instruction", "op", "module")
+GROUPINGS = ("instruction", "op", "module", "module_tree")
 """How :meth:`Profile.rows` groups measurements."""
 
 _clock = time.perf_counter_ns
@@ -149,12 +149,16 @@ class Profile:
     def rows(self, by: str = "instruction", top: int | None = None) -> list[ProfileRow]:
         """Rows sorted by total time, the costliest first: one per instruction or delegate op
         (``by="instruction"``), per op name (``"op"``) or per innermost ``nn.Module`` path
-        (``"module"``); the runtime's own time (binding inputs, copying outputs) is a row too.
-        ``top`` keeps the first ``top`` rows."""
+        (``"module"``), or per module with everything its submodules ran
+        (``"module_tree"``: ``block`` holds ``block.lin``; in tree order, indented, ``top``
+        keeping the costliest modules); the runtime's own time (binding inputs, copying
+        outputs) is a row too. ``top`` keeps the first ``top`` rows."""
         if by not in GROUPINGS:
             raise ValueError(f"profile rows are grouped by one of {GROUPINGS}; got {by!r}")
         if top is not None and (not isinstance(top, int) or top < 1):
             raise ValueError(f"top must be a positive integer; got {top!r}")
+        if by == "module_tree":
+            return _module_tree(self.leaves, top)
         rows = self.leaves if by == "instruction" else _grouped(self.leaves, by)
         rows = sorted(rows, key=lambda r: (-r.total_ns, r.key))
         return rows[:top] if top is not None else rows
@@ -239,7 +243,8 @@ def _short_module(row: ProfileRow) -> str:
 
 
 def _columns(by: str) -> list[tuple[str, Callable[[Profile, ProfileRow], str]]]:
-    first = {"instruction": "instruction", "op": "op", "module": "module"}[by]
+    first = {"instruction": "instruction", "op": "op", "module": "module",
+             "module_tree": "module"}[by]
     columns: list[tuple[str, Callable[[Profile, ProfileRow], str]]] = [
         (first, lambda p, r: r.key),
         ("calls", lambda p, r: str(r.calls)),
@@ -250,9 +255,35 @@ def _columns(by: str) -> list[tuple[str, Callable[[Profile, ProfileRow], str]]]:
     if by == "instruction":
         columns += [("node", lambda p, r: r.node), ("source", lambda p, r: r.source),
                     ("module", lambda p, r: _short_module(r))]
-    elif by == "module":
+    elif by in ("module", "module_tree"):
         columns += [("type", lambda p, r: r.module_type.rsplit(".", 1)[-1])]
     return columns
+
+
+def _module_tree(leaves: Sequence[ProfileRow], top: int | None) -> list[ProfileRow]:
+    """Per module path, the time of its own ops and of its submodules' (``<root>``: every op
+    a module ran), in depth-first order; rows outside any module (the runtime's time, a
+    delegate's own) after them."""
+    totals: dict[tuple[str, ...], list[int]] = defaultdict(lambda: [0, 0])
+    types: dict[tuple[str, ...], str] = {}
+    others = []
+    for row in leaves:
+        if not row.module and not row.module_type:
+            others.append(row)
+            continue
+        path = tuple(row.module.split(".")) if row.module else ()
+        types.setdefault(path, row.module_type)
+        for depth in range(len(path) + 1):
+            totals[path[:depth]][0] += row.calls
+            totals[path[:depth]][1] += row.total_ns
+    keep = sorted(totals, key=lambda p: -totals[p][1])[:top] if top is not None else totals
+    rows = []
+    for path in sorted(keep):
+        label = "  " * len(path) + (path[-1] if path else "<root>")
+        calls, total = totals[path]
+        rows.append(ProfileRow(label, "", calls, total, module=".".join(path),
+                               module_type=types.get(path, "")))
+    return rows + sorted(others, key=lambda r: -r.total_ns)
 
 
 def _grouped(leaves: Sequence[ProfileRow], by: str) -> list[ProfileRow]:

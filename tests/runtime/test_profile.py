@@ -190,12 +190,15 @@ def test_cli_run_profile_prints_the_table_and_writes_a_trace(programs, tmp_path)
     assert done.stdout.count("profile of method 'forward': 2 runs") == 2
     assert "aten.linear.default" in done.stdout and "block.lin" in done.stdout
     assert json.loads(trace.read_text())["traceEvents"]
-    bad = subprocess.run(
-        [sys.executable, "-m", "exportir.cli", "run", str(path), "--profile", "--top", "0"],
-        env=dict(os.environ, PYTHONPATH=str(SRC)), capture_output=True, text=True, timeout=300,
-        check=False,
-    )
-    assert bad.returncode == 2 and "--top: expected a positive integer, got 0" in bad.stderr
+
+
+def test_cli_refuses_a_bad_top_clearly(tmp_path, capsys):
+    from exportir import cli
+
+    with pytest.raises(SystemExit) as info:
+        cli.main(["run", str(tmp_path / "model.xpt"), "--profile", "--top", "0"])
+    assert info.value.code == 2
+    assert "--top: expected a positive integer, got 0" in capsys.readouterr().err
 
 
 class Branchy(torch.nn.Module):

@@ -131,19 +131,23 @@ def test_bad_arguments_are_refused_clearly(setup, tmp_path):
 
 
 @pytest.mark.slow  # a fresh interpreter importing torch and exporting: ~15 s on a busy machine
-def test_compare_runs_in_a_fresh_process():
+def test_compare_runs_in_a_fresh_process(tmp_path):
     code = (
-        "import torch, exportir, exportir.debug\n"
+        "import sys, torch, exportir, exportir.debug\n"
         "m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU()).eval()\n"
         "x = torch.randn(2, 3)\n"
         "r = exportir.debug.compare(exportir.export(m, (x,)), m, (x,))\n"
-        "print(r.ok, len(r.nodes))\n"
+        "pm = exportir.to_edge(exportir.export(m, (x,))).to_program()\n"
+        "pm.get_etrecord().save(sys.argv[1])\n"
+        "e = exportir.debug.compare(pm.buffer, m, (x,), etrecord=sys.argv[1])\n"
+        "print(r.ok, len(r.nodes), e.ok)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m.etrecord")],
+                          capture_output=True, text=True,
                           env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"}, timeout=300,
                           check=False)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["True", "2"]
+    assert done.stdout.split() == ["True", "2", "True"]
 
 
 # ------------------------------------------------------------------------------ ETRecord

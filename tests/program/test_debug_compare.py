@@ -74,6 +74,9 @@ def test_a_clean_program_has_no_drift(setup):
                                               "mul"]
     assert all(c.max_abs < 1e-5 for c in report.nodes)
     assert "no drift" in str(report)
+    assert [(m.module, m.node, m.within) for m in report.modules] == [
+        ("block.lin", "addmm", True), ("block.ln", "native_layer_norm", True),
+        ("block", "relu", True), ("head", "addmm_1", True)]
 
 
 def test_a_perturbed_kernel_is_named_with_its_node_and_source_line(setup):
@@ -93,6 +96,9 @@ def test_a_perturbed_kernel_is_named_with_its_node_and_source_line(setup):
     assert first.max_abs == pytest.approx(0.25, abs=1e-5)
     assert [c.within for c in report.nodes[:2]] == [True, True]  # before it: clean
     assert not report.ok and not report.outputs[0].within
+    module = report.first_module_drift  # against the eager model's own submodule outputs
+    assert (module.module, module.module_type, module.node) == (
+        "block", f"{__name__}.Block", "relu")
     text = str(report)
     assert "first drift: node 'relu' (aten::relu.out, instruction 2) in module block" in text
     assert _line("# BLOCK_LINE") in text and "DRIFT" in text
@@ -105,6 +111,7 @@ def test_an_edited_weight_is_found_at_the_node_reading_it(setup):
     first = report.first_drift
     assert (first.node, first.module) == ("addmm_1", "head")
     assert first.source.endswith(_line("# NET_LINE"))
+    assert report.first_module_drift.module == "head"
 
 
 def test_a_drift_inside_a_fused_delegate_names_the_fused_op_and_its_nodes(setup):

@@ -22,11 +22,12 @@ from typing import Any
 import torch
 
 from exportir import pytree
+from exportir.debug._modules import ModuleComparison, ModuleOutputs, compare_modules
 from exportir.debug._reference import ReferenceRun, run_reference
 from exportir.program import schema
 from exportir.program.kernels import source_line
 
-__all__ = ["DriftReport", "NodeComparison", "OutputComparison", "compare"]
+__all__ = ["DriftReport", "ModuleComparison", "NodeComparison", "OutputComparison", "compare"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,11 +78,18 @@ class DriftReport:
     atol: float
     nodes: list[NodeComparison] = field(default_factory=list)
     outputs: list[OutputComparison] = field(default_factory=list)
+    modules: list[ModuleComparison] = field(default_factory=list)
     unmatched: int = 0
 
     @property
     def first_drift(self) -> NodeComparison | None:
         return next((c for c in self.nodes if not c.within), None)
+
+    @property
+    def first_module_drift(self) -> ModuleComparison | None:
+        """The first eager submodule (in the order their calls finished) whose output the
+        program's value for it does not match."""
+        return next((m for m in self.modules if not m.within), None)
 
     @property
     def drifted(self) -> list[NodeComparison]:
@@ -110,7 +118,20 @@ class DriftReport:
             f"{o.index}: {'ok' if o.within else 'DRIFT'} (max abs {o.max_abs:.3g})"
             for o in self.outputs
         )
-        return f"{head}\n{verdict}\noutputs vs the eager model: {outs or 'none'}"
+        return (f"{head}\n{verdict}\noutputs vs the eager model: {outs or 'none'}\n"
+                f"{self._module_summary()}")
+
+    def _module_summary(self) -> str:
+        first = self.first_module_drift
+        if not self.modules:
+            return "submodules vs the eager model: none compared"
+        if first is None:
+            return (f"submodules vs the eager model: {len(self.modules)} compared, all within "
+                    "tolerance")
+        kind = first.module_type.rsplit(".", 1)[-1]
+        return (f"submodules vs the eager model: first beyond tolerance {first.module} ({kind}), "
+                f"its output computed by node {first.node!r}: max abs error "
+                f"{first.max_abs:.3g}, max rel error {first.max_rel:.3g}")
 
     def table(self, limit: int | None = 40) -> str:
         """Every comparison (the first ``limit``, and every drift after them) as text."""
@@ -330,7 +351,12 @@ def compare(
     outputs, found = capture_intermediates(loaded, [_copy(x) for x in flat_inputs])
     ref = run_reference(edge, [_copy(x) for x in flat_inputs])
     report = DriftReport(method, rtol, atol)
+    computed = []  # (node, module, value) of every tensor the program computed, in order
     for item in found:
+        name = _main_node(item.nodes, ref)
+        if name:
+            module = _node_info(loaded.meta, ref, name, item.delegate)[1]
+            computed += [(name, module, v) for v in item.values if isinstance(v, torch.Tensor)]
         if item.delegate is not None and _moves_data(item.op):
             continue
         pairs = (_instruction_pairs if item.delegate is None else _fused_pairs)(
@@ -345,8 +371,16 @@ def compare(
                 tuple(got.shape), str(got.dtype).removeprefix("torch."), max_abs, max_rel,
                 within, item.op_index,
             ))
-    report.outputs = _compare_outputs(outputs, model, args, kwargs, rtol, atol)
+    with ModuleOutputs(model) as recorded:
+        report.outputs = _compare_outputs(outputs, model, args, kwargs, rtol, atol)
+    report.modules = compare_modules(recorded, computed, _errors, rtol, atol)
     return report
+
+
+def _main_node(nodes: Sequence[str], ref: ReferenceRun) -> str:
+    """The node an intermediate stands for: its only node, or the last of a fused op's."""
+    known = [n for n in nodes if n in ref.order]
+    return max(known, key=ref.order.__getitem__) if known else ""
 
 
 def _copy(x: Any) -> Any:

@@ -14,6 +14,7 @@ are compared with its outputs.
 from __future__ import annotations
 
 import copy
+import operator
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,7 +23,12 @@ from typing import Any
 import torch
 
 from exportir import pytree
-from exportir.debug._modules import ModuleComparison, ModuleOutputs, compare_modules
+from exportir.debug._modules import (
+    ModuleComparison,
+    ModuleOutputs,
+    compare_modules,
+    last_nodes,
+)
 from exportir.debug._reference import ReferenceRun, run_reference
 from exportir.program import schema
 from exportir.program.kernels import source_line
@@ -298,9 +304,12 @@ def _node_info(meta: schema.Method, ref: ReferenceRun, name: str, delegate: int 
                ) -> tuple[str, str, str]:
     """(source, module, module_type) of a node: the program's debug node table first."""
     scope = schema.DEBUG_METHOD_SCOPE if delegate is None else delegate
-    for n in meta.nodes:
-        if n.name == name and n.scope == scope:
-            return n.source, n.module, n.module_type
+    table = ref.tables.get(id(meta))
+    if table is None:
+        table = ref.tables[id(meta)] = {(n.scope, n.name): n for n in meta.nodes}
+    found = table.get((scope, name)) or table.get((schema.DEBUG_METHOD_SCOPE, name))
+    if found is not None:
+        return found.source, found.module, found.module_type
     node = ref.nodes.get(name)
     if node is None:
         return "", "", ""
@@ -373,7 +382,10 @@ def compare(
             ))
     with ModuleOutputs(model) as recorded:
         report.outputs = _compare_outputs(outputs, model, args, kwargs, rtol, atol)
-    report.modules = compare_modules(recorded, computed, _errors, rtol, atol)
+    modules = {name: _node_info(loaded.meta, ref, name, None)[1] for name, node in
+               ref.nodes.items() if node.target is not operator.getitem}
+    report.modules = compare_modules(recorded, computed, last_nodes(modules, ref.order), _errors,
+                                     rtol, atol)
     return report
 
 

@@ -4,8 +4,9 @@ Forward hooks on the model's submodules record each one's output (the first tens
 last call of a module called several times). The program's value for module ``encoder.0`` is
 the last intermediate, in execution order, computed by a node that ran in ``encoder.0`` or one
 of its submodules (the debug tables give every node's module) whose value has the output's
-dtype and number of elements (a trailing view is no instruction: the values are compared
-flattened). This compares the program with the model itself, so a difference the captured
+dtype and number of elements. When its node is the last graph node of the module (a
+``getitem`` aside), it is the module's output; when views follow it (they are no
+instructions), they may have transposed it, so only a match counts. This compares the program with the model itself, so a difference the captured
 graph already had (not only one the lowering introduced) shows up at its module.
 """
 
@@ -76,15 +77,28 @@ class ModuleOutputs:
         self._handles.clear()
 
 
+def last_nodes(modules: dict[str, str], order: dict[str, int]) -> dict[str, str]:
+    """Module path -> the last node (in graph order) that ran in it or its submodules, from
+    node -> innermost module path (``getitem`` nodes left out by the caller)."""
+    last: dict[str, str] = {}
+    for node in sorted(modules, key=order.__getitem__):
+        parts = modules[node].split(".") if modules[node] else []
+        for depth in range(1, len(parts) + 1):
+            last[".".join(parts[:depth])] = node
+    return last
+
+
 def compare_modules(
     recorded: ModuleOutputs,
     computed: Sequence[tuple[str, str, torch.Tensor]],
+    graph_last: dict[str, str],
     errors: Any,
     rtol: float,
     atol: float,
 ) -> list[ModuleComparison]:
     """``computed``: (node, module path, value) of every program intermediate in execution
-    order; ``errors(got, want, rtol, atol)`` the comparison of two tensors."""
+    order; ``graph_last``: module path -> the last graph node in it (:func:`last_nodes`);
+    ``errors(got, want, rtol, atol)`` the comparison of two tensors."""
     found = []
     for name in recorded.order:
         want = recorded.outputs[name]
@@ -99,7 +113,9 @@ def compare_modules(
         if match is None:
             continue
         node, value = match
-        got = value.reshape(want.shape) if value.shape != want.shape else value
-        found.append(ModuleComparison(name, recorded.types[name], node,
-                                      *errors(got, want, rtol, atol)))
+        result = errors(value.reshape(want.shape), want, rtol, atol)
+        # the value is the module's output when its node is the module's last; else views
+        # follow it (no instructions), which may have transposed it: only a match counts
+        if (graph_last.get(name) == node and value.shape == want.shape) or result[2]:
+            found.append(ModuleComparison(name, recorded.types[name], node, *result))
     return found

@@ -31,6 +31,7 @@ class ReferenceRun:
         self.items_read: dict[str, set[int]] = {}
         self.nodes: dict[str, Node] = {}
         self.order: dict[str, int] = {}  # name -> position in the run
+        self.tables: dict[int, dict[tuple[int, str], Any]] = {}  # debug node tables, indexed
         self.outputs: tuple[Any, ...] = ()
 
 

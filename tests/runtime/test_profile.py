@@ -66,6 +66,8 @@ def test_every_instruction_is_timed_with_node_source_and_module(programs):
     timed = {r.pc: r for r in rows if r.pc is not None}
     assert sorted(timed) == list(range(method.num_instructions))
     assert all(r.calls == 3 and r.total_ns >= 0 for r in rows)
+    assert all(r.min_ns is not None and r.min_ns <= r.mean_ns for r in rows if r.pc is not None)
+    assert "min us" in profile.table()
     assert abs(sum(profile.percent(r) for r in rows) - 100.0) < 1e-6
     norm = next(r for r in rows if r.op == "aten::native_layer_norm.out")
     assert (norm.node, norm.module, norm.module_type) == (

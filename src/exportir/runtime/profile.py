@@ -105,6 +105,7 @@ class ProfileRow:
     module_type: str = ""
     pc: int | None = None
     delegate_op: int | None = None
+    min_ns: int | None = None  # the shortest call (instruction and delegate op rows)
 
     @property
     def mean_ns(self) -> float:
@@ -232,7 +233,7 @@ class Profile:
             json.dump(self.chrome_trace(), f)
 
 
-_NUMERIC = frozenset({1, 2, 3, 4})
+_NUMERIC = frozenset({1, 2, 3, 4, 5})
 
 
 def _short_module(row: ProfileRow) -> str:
@@ -253,6 +254,8 @@ def _columns(by: str) -> list[tuple[str, Callable[[Profile, ProfileRow], str]]]:
         ("%", lambda p, r: f"{p.percent(r):.1f}"),
     ]
     if by == "instruction":
+        columns.insert(4, ("min us", lambda p, r: "" if r.min_ns is None
+                           else f"{r.min_ns / 1000:.2f}"))
         columns += [("node", lambda p, r: r.node), ("source", lambda p, r: r.source),
                     ("module", lambda p, r: _short_module(r))]
     elif by in ("module", "module_tree"):
@@ -339,6 +342,16 @@ def profile_method(
     return _build(method, session, runs, repeat)
 
 
+def _counter() -> list[int]:
+    return [0, 0, 1 << 62]  # calls, total, shortest call
+
+
+def _count(counter: list[int], duration: int) -> None:
+    counter[0] += 1
+    counter[1] += duration
+    counter[2] = min(counter[2], duration)
+
+
 def _build(
     method: Any, session: _ProfileSession, runs: list[tuple[int, int]], repeat: int
 ) -> Profile:
@@ -358,18 +371,16 @@ def _build(
         return name, names, info or NodeInfo(names[0] if names else "")
 
     spans: list[_Span] = []
-    totals: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    totals: dict[int, list[int]] = defaultdict(_counter)
     for pc, start, end in session.events:
-        totals[pc][0] += 1
-        totals[pc][1] += end - start
+        _count(totals[pc], end - start)
         info = infos[pc]
         spans.append(_Span(labels[pc], "instruction", start, end,
                            {"pc": pc, "node": info.name, "source": info.source,
                             "module": info.module}))
-    op_totals: dict[tuple[int, int, int], list[int]] = defaultdict(lambda: [0, 0])
+    op_totals: dict[tuple[int, int, int], list[int]] = defaultdict(_counter)
     for pc, delegate, i, start, end in session.op_events:
-        op_totals[(pc, delegate, i)][0] += 1
-        op_totals[(pc, delegate, i)][1] += end - start
+        _count(op_totals[(pc, delegate, i)], end - start)
         name, names, info = op_info(delegate, i)
         spans.append(_Span(name, "delegate_op", start, end,
                            {"pc": pc, "delegate": delegate, "op_index": i,
@@ -377,14 +388,14 @@ def _build(
                             "module": info.module}))
     leaves: list[ProfileRow] = []
     inside: dict[int, int] = defaultdict(int)
-    for (pc, delegate, i), (calls, total) in sorted(op_totals.items()):
+    for (pc, delegate, i), (calls, total, least) in sorted(op_totals.items()):
         name, names, info = op_info(delegate, i)
         inside[pc] += total
         leaves.append(ProfileRow(
             f"{pc}.{i} {name}", name, calls, total, ",".join(names), info.source, info.module,
-            info.module_type, pc, i,
+            info.module_type, pc, i, least,
         ))
-    for pc, (calls, total) in sorted(totals.items()):
+    for pc, (calls, total, least) in sorted(totals.items()):
         info = infos[pc]
         if pc in inside:  # the delegate's own work around its ops: no module's
             op = f"{labels[pc]} (outside its ops)"
@@ -393,7 +404,7 @@ def _build(
             op = labels[pc]
         leaves.append(ProfileRow(
             f"{pc} {op}", op, calls, max(total - inside[pc], 0), info.name, info.source,
-            info.module, info.module_type, pc,
+            info.module, info.module_type, pc, None, None if pc in inside else least,
         ))
     measured = sum(end - start for _, start, end in session.events)
     overall = sum(end - start for start, end in runs)

@@ -397,14 +397,15 @@ def _build(
         ))
     for pc, (calls, total, least) in sorted(totals.items()):
         info = infos[pc]
-        if pc in inside:  # the delegate's own work around its ops: no module's
+        delegated = pc in inside
+        if delegated:  # the delegate's own work around its ops: no module's
             op = f"{labels[pc]} (outside its ops)"
             info = NodeInfo(info.name, info.target, info.source)
         else:
             op = labels[pc]
         leaves.append(ProfileRow(
-            f"{pc} {op}", op, calls, max(total - inside[pc], 0), info.name, info.source,
-            info.module, info.module_type, pc, None, None if pc in inside else least,
+            f"{pc} {op}", op, calls, max(total - inside.get(pc, 0), 0), info.name, info.source,
+            info.module, info.module_type, pc, None, None if delegated else least,
         ))
     measured = sum(end - start for _, start, end in session.events)
     overall = sum(end - start for start, end in runs)

@@ -226,3 +226,15 @@ def test_keyword_inputs_and_a_mutated_buffer_are_handled():
     report = exportir.debug.compare(ep, model, kwargs)
     assert report.ok and report.outputs and report.outputs[0].within
     assert model.steps.item() == 0  # compare ran the model, then restored its buffer
+
+
+def test_an_etrecord_holds_every_method(setup, tmp_path):
+    model, _, ep = setup
+    head = exportir.export(model.head, (torch.randn(2, 8),))
+    manager = exportir.to_edge({"forward": ep, "head": head}).to_program()
+    manager.get_etrecord().save(tmp_path / "two.etrecord")
+    record = exportir.debug.load_etrecord(tmp_path / "two.etrecord")
+    assert sorted(record.reference_programs) == ["forward", "head"]
+    report = exportir.debug.compare(manager.buffer, model.head, (torch.randn(2, 8),),
+                                    method="head", etrecord=record)
+    assert report.ok and [c.node for c in report.nodes] == ["addmm"]

@@ -236,6 +236,12 @@ class Profile:
 _NUMERIC = frozenset({1, 2, 3, 4, 5})
 
 
+def _short_source(row: ProfileRow) -> str:
+    """``file:line`` with the file's last two path components (rows keep the whole path)."""
+    parts = row.source.replace("\\", "/").split("/")
+    return "/".join(parts[-2:]) if len(parts) > 2 else row.source
+
+
 def _short_module(row: ProfileRow) -> str:
     if not row.module and not row.module_type:
         return ""
@@ -256,7 +262,7 @@ def _columns(by: str) -> list[tuple[str, Callable[[Profile, ProfileRow], str]]]:
     if by == "instruction":
         columns.insert(4, ("min us", lambda p, r: "" if r.min_ns is None
                            else f"{r.min_ns / 1000:.2f}"))
-        columns += [("node", lambda p, r: r.node), ("source", lambda p, r: r.source),
+        columns += [("node", lambda p, r: r.node), ("source", lambda p, r: _short_source(r)),
                     ("module", lambda p, r: _short_module(r))]
     elif by in ("module", "module_tree"):
         columns += [("type", lambda p, r: r.module_type.rsplit(".", 1)[-1])]

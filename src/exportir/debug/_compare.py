@@ -337,8 +337,8 @@ def compare(
     etrecord: Any = None,
 ) -> DriftReport:
     """Run the program and ``model`` on ``inputs`` (a tuple of positional arguments, or a dict
-    of keyword arguments) and
-    report where the program's intermediate values first drift from eager.
+    of keyword arguments) and report where the program's intermediate values first drift from
+    eager.
 
     ``program_or_ep``: an ``ExportedProgram`` (lowered here with ``to_edge``, or with
     ``to_edge_transform_and_lower(partitioner=...)`` when ``partitioner`` is given), an
@@ -360,11 +360,25 @@ def compare(
     outputs, found = capture_intermediates(loaded, [_copy(x) for x in flat_inputs])
     ref = run_reference(edge, [_copy(x) for x in flat_inputs])
     report = DriftReport(method, rtol, atol)
-    computed = []  # (node, module, value) of every tensor the program computed, in order
+    computed = _compare_nodes(report, found, ref, loaded.meta)
+    with ModuleOutputs(model) as recorded:
+        report.outputs = _compare_outputs(outputs, model, args, kwargs, rtol, atol)
+    modules = {name: _node_info(loaded.meta, ref, name, None)[1] for name, node in
+               ref.nodes.items() if node.target is not operator.getitem}
+    report.modules = compare_modules(recorded, computed, last_nodes(modules, ref.order), _errors,
+                                     rtol, atol)
+    return report
+
+
+def _compare_nodes(report: DriftReport, found: Sequence[Any], ref: ReferenceRun,
+                   meta: schema.Method) -> list[tuple[str, str, torch.Tensor]]:
+    """Fill ``report.nodes`` (and ``unmatched``) from the program's intermediates; returns
+    (node, module, value) of every tensor the program computed, in order (for the modules)."""
+    computed = []
     for item in found:
         name = _main_node(item.nodes, ref)
         if name:
-            module = _node_info(loaded.meta, ref, name, item.delegate)[1]
+            module = _node_info(meta, ref, name, item.delegate)[1]
             computed += [(name, module, v) for v in item.values if isinstance(v, torch.Tensor)]
         if item.delegate is not None and _moves_data(item.op):
             continue
@@ -373,20 +387,14 @@ def compare(
         if not pairs:
             report.unmatched += 1
         for name, got, want in pairs:
-            max_abs, max_rel, within = _errors(got, want, rtol, atol)
-            source, module, module_type = _node_info(loaded.meta, ref, name, item.delegate)
+            max_abs, max_rel, within = _errors(got, want, report.rtol, report.atol)
+            source, module, module_type = _node_info(meta, ref, name, item.delegate)
             report.nodes.append(NodeComparison(
                 len(report.nodes), item.pc, item.op, name, source, module, module_type,
                 tuple(got.shape), str(got.dtype).removeprefix("torch."), max_abs, max_rel,
                 within, item.op_index,
             ))
-    with ModuleOutputs(model) as recorded:
-        report.outputs = _compare_outputs(outputs, model, args, kwargs, rtol, atol)
-    modules = {name: _node_info(loaded.meta, ref, name, None)[1] for name, node in
-               ref.nodes.items() if node.target is not operator.getitem}
-    report.modules = compare_modules(recorded, computed, last_nodes(modules, ref.order), _errors,
-                                     rtol, atol)
-    return report
+    return computed
 
 
 def _main_node(nodes: Sequence[str], ref: ReferenceRun) -> str:

@@ -358,57 +358,70 @@ def _count(counter: list[int], duration: int) -> None:
     counter[2] = min(counter[2], duration)
 
 
-def _build(
-    method: Any, session: _ProfileSession, runs: list[tuple[int, int]], repeat: int
-) -> Profile:
-    meta: schema.Method = method.meta
-    program = method._program
-    nodes = node_table(meta)
-    labels = [instruction_label(program, meta, ins) for ins in meta.instructions]
-    infos = [instruction_node(meta, ins, nodes) for ins in meta.instructions]
-    ops_of: dict[int, Any] = {}
+class _Names:
+    """What the debug tables say about each instruction and each op inside a delegate."""
 
-    def op_info(delegate: int, i: int) -> tuple[str, tuple[str, ...], NodeInfo]:
-        if delegate not in ops_of:
-            ops_of[delegate] = delegate_ops(method, delegate) or ()
-        table = ops_of[delegate]
+    def __init__(self, method: Any) -> None:
+        meta: schema.Method = method.meta
+        self.method = method
+        self.nodes = node_table(meta)
+        self.labels = [instruction_label(method._program, meta, ins) for ins in meta.instructions]
+        self.infos = [instruction_node(meta, ins, self.nodes) for ins in meta.instructions]
+        self._ops: dict[int, Any] = {}
+
+    def op(self, delegate: int, i: int) -> tuple[str, tuple[str, ...], NodeInfo]:
+        """Op ``i`` of delegate ``delegate``: its name, its nodes, its first known node."""
+        if delegate not in self._ops:
+            self._ops[delegate] = delegate_ops(self.method, delegate) or ()
+        table = self._ops[delegate]
         name, names = table[i] if i < len(table) else (f"op {i}", ())
-        info = next((nodes[(delegate, n)] for n in names if (delegate, n) in nodes), None)
+        info = next((self.nodes[(delegate, n)] for n in names if (delegate, n) in self.nodes),
+                    None)
         return name, names, info or NodeInfo(names[0] if names else "")
 
-    spans: list[_Span] = []
+
+def _spans(session: _ProfileSession, names: _Names) -> list[_Span]:
+    """Every timed call as a trace span, in time order (an enclosing span first)."""
+    spans = []
+    for pc, start, end in session.events:
+        info = names.infos[pc]
+        spans.append(_Span(names.labels[pc], "instruction", start, end,
+                           {"pc": pc, "node": info.name, "source": info.source,
+                            "module": info.module}))
+    for pc, delegate, i, start, end in session.op_events:
+        name, nodes, info = names.op(delegate, i)
+        spans.append(_Span(name, "delegate_op", start, end,
+                           {"pc": pc, "delegate": delegate, "op_index": i,
+                            "nodes": ",".join(nodes), "source": info.source,
+                            "module": info.module}))
+    spans.sort(key=lambda s: (s.start, -s.end))
+    return spans
+
+
+def _leaves(session: _ProfileSession, names: _Names, runs: list[tuple[int, int]]
+            ) -> list[ProfileRow]:
+    """One row per instruction and per delegate op (a delegate's row: its time outside its
+    ops), and the runtime's own time: together, the whole of the counted runs."""
     totals: dict[int, list[int]] = defaultdict(_counter)
     for pc, start, end in session.events:
         _count(totals[pc], end - start)
-        info = infos[pc]
-        spans.append(_Span(labels[pc], "instruction", start, end,
-                           {"pc": pc, "node": info.name, "source": info.source,
-                            "module": info.module}))
     op_totals: dict[tuple[int, int, int], list[int]] = defaultdict(_counter)
     for pc, delegate, i, start, end in session.op_events:
         _count(op_totals[(pc, delegate, i)], end - start)
-        name, names, info = op_info(delegate, i)
-        spans.append(_Span(name, "delegate_op", start, end,
-                           {"pc": pc, "delegate": delegate, "op_index": i,
-                            "nodes": ",".join(names), "source": info.source,
-                            "module": info.module}))
     leaves: list[ProfileRow] = []
     inside: dict[int, int] = defaultdict(int)
     for (pc, delegate, i), (calls, total, least) in sorted(op_totals.items()):
-        name, names, info = op_info(delegate, i)
+        name, nodes, info = names.op(delegate, i)
         inside[pc] += total
         leaves.append(ProfileRow(
-            f"{pc}.{i} {name}", name, calls, total, ",".join(names), info.source, info.module,
+            f"{pc}.{i} {name}", name, calls, total, ",".join(nodes), info.source, info.module,
             info.module_type, pc, i, least,
         ))
     for pc, (calls, total, least) in sorted(totals.items()):
-        info = infos[pc]
-        delegated = pc in inside
+        info, op, delegated = names.infos[pc], names.labels[pc], pc in inside
         if delegated:  # the delegate's own work around its ops: no module's
-            op = f"{labels[pc]} (outside its ops)"
+            op = f"{op} (outside its ops)"
             info = NodeInfo(info.name, info.target, info.source)
-        else:
-            op = labels[pc]
         leaves.append(ProfileRow(
             f"{pc} {op}", op, calls, max(total - inside.get(pc, 0), 0), info.name, info.source,
             info.module, info.module_type, pc, None, None if delegated else least,
@@ -417,5 +430,12 @@ def _build(
     overall = sum(end - start for start, end in runs)
     leaves.append(ProfileRow("(runtime: inputs, outputs)", "(runtime)", len(runs),
                              max(overall - measured, 0)))
-    spans.sort(key=lambda s: (s.start, -s.end))
-    return Profile(meta.name, repeat, runs, leaves, spans)
+    return leaves
+
+
+def _build(
+    method: Any, session: _ProfileSession, runs: list[tuple[int, int]], repeat: int
+) -> Profile:
+    names = _Names(method)
+    return Profile(method.meta.name, repeat, runs, _leaves(session, names, runs),
+                   _spans(session, names))

@@ -178,9 +178,10 @@ class Profile:
         cells += [[fmt(self, row) for _, fmt in columns] for row in rows]
         widths = [max(len(r[k]) for r in cells) for k in range(len(columns))]
         lines = [self._header()]
+        numeric = [title in _NUMERIC for title, _ in columns]
         for r in cells:
             lines.append("  ".join(
-                c.rjust(w) if k in _NUMERIC else c.ljust(w)
+                c.rjust(w) if numeric[k] else c.ljust(w)
                 for k, (c, w) in enumerate(zip(r, widths))
             ).rstrip())
         return "\n".join(lines)
@@ -199,8 +200,8 @@ class Profile:
 
         table = Table(title=self._header(), title_justify="left")
         columns = _columns(by)
-        for k, (title, _) in enumerate(columns):
-            table.add_column(title, justify="right" if k in _NUMERIC else "left")
+        for title, _ in columns:
+            table.add_column(title, justify="right" if title in _NUMERIC else "left")
         for row in self.rows(by, top):
             table.add_row(*(fmt(self, row) for _, fmt in columns))
         Console(file=out).print(table)
@@ -233,7 +234,7 @@ class Profile:
             json.dump(self.chrome_trace(), f)
 
 
-_NUMERIC = frozenset({1, 2, 3, 4, 5})
+_NUMERIC = frozenset({"calls", "total ms", "mean us", "min us", "%"})  # right-aligned
 
 
 def _short_source(row: ProfileRow) -> str:

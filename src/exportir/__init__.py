@@ -40,7 +40,13 @@ _LAZY: dict[str, str] = {
 __all__ = ["__version__", *_LAZY]
 
 
+# tool subpackages reachable as attributes (``exportir.debug.compare``), imported on first use
+_SUBPACKAGES = frozenset({"debug"})
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"exportir.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'exportir' has no attribute {name!r}")

@@ -6,7 +6,7 @@
                     [--backend fused_cpu] -o model.xpt
     exportir lower model.pt2 [--backend fused_cpu] -o model.xpt
     exportir inspect model.xpt [--summary [--top N]] [--method NAME]
-    exportir run model.xpt [--method NAME] [--inputs SPEC ...] [--repeat N]
+    exportir run model.xpt [--method NAME] [--inputs SPEC ...] [--repeat N] [--profile] [--trace T]
     exportir view model.xpt|model.pt2 [-o page.html]     (docs/viewer.md)
 
 Every subcommand takes ``--import MODULE`` (repeatable): a module (or ``.py`` file) imported
@@ -51,6 +51,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from exportir import _cli_profile
 
 _DTYPES: dict[str, torch.dtype] = {
     "f16": torch.float16, "float16": torch.float16, "half": torch.float16,
@@ -498,6 +500,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
           f"mean {statistics.fmean(ms):.3f} over {len(ms)} runs)")
     for k, out in enumerate(outputs):
         print(f"output {k:<5} {_describe(out)}")
+    if _cli_profile.wanted(ns):
+        _cli_profile.report(method, inputs, ns)
     return 0
 
 
@@ -567,6 +571,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true",
                    help="skip the data segment checksum (the structure is still validated)")
     _add_import(p)
+    _cli_profile.add_arguments(p)
     p.set_defaults(func=cmd_run)
 
     from exportir.viewer.cli import add_parser as add_view_parser

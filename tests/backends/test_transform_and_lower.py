@@ -386,8 +386,8 @@ def test_bad_arguments_say_what_to_pass():
         lower(ep, None, None, EdgeCompileConfig())
     with pytest.raises(TypeError, match="to_edge_transform_and_lower takes an ExportedProgram"):
         lower(model)
-    with pytest.raises(NotImplementedError, match="ETRecord"):
-        lower(ep, generate_etrecord=True)
+    with pytest.raises(TypeError, match="generate_etrecord must be a bool; got 'yes'"):
+        lower(ep, generate_etrecord="yes")
     with pytest.raises(TypeError, match="must list OpOverloads"):
         lower(ep, partitioner=[KeepAndClaim([aten.linear])])  # a packet, not an overload
 

@@ -91,8 +91,16 @@ def _encode_input_sizes(m: schema.Method) -> dict[str, Any]:
     }
 
 
+def _encode_nodes(m: schema.Method) -> dict[str, Any]:
+    """The 2.2 debug node table, written only when the method has one."""
+    if not m.nodes:
+        return {}
+    return {"nodes": [[n.scope, n.name, n.target, n.source, n.module, n.module_type]
+                      for n in m.nodes]}
+
+
 def encode_method(m: schema.Method) -> dict[str, Any]:
-    return _encode_input_sizes(m) | {
+    return _encode_input_sizes(m) | _encode_nodes(m) | {
         "name": m.name,
         "values": [encode_value(v) for v in m.values],
         "inputs": list(m.inputs),
@@ -372,11 +380,25 @@ def _decode_input_sizes(d: dict[str, Any], path: str) -> dict[str, Any]:
     }
 
 
+def _decode_node(x: Any, path: str) -> schema.DebugNode:
+    a = _list(x, path, 6)
+    return schema.DebugNode(_int(a[0], f"{path}.scope"),
+                            *(_str(a[k], f"{path}[{k}]") for k in range(1, 6)))
+
+
+def _decode_nodes(d: dict[str, Any], path: str) -> tuple[schema.DebugNode, ...]:
+    """The 2.2 debug node table (absent in older files and in files written without it)."""
+    field = f"{path}.nodes"
+    return tuple(_decode_node(v, f"{field}[{i}]")
+                 for i, v in enumerate(_list(d.get("nodes", []), field)))
+
+
 def decode_method(x: Any, path: str) -> schema.Method:
     d = _dict(x, path, _METHOD_KEYS)
     plan = _list(d["plan"], f"{path}.plan", 3)
     return schema.Method(
         **_decode_input_sizes(d, path),
+        nodes=_decode_nodes(d, path),
         name=_str(d["name"], f"{path}.name"),
         values=tuple(_fast_tensor(v) or decode_value(v, f"{path}.values[{i}]")
                      for i, v in enumerate(_list(d["values"], f"{path}.values"))),

@@ -17,6 +17,7 @@ import torch
 from exportir.fx import Node
 from exportir.fx.node import map_arg
 from exportir.program import kernels, planning, schema
+from exportir.program._debug_nodes import DebugNodes
 from exportir.program._emit_loops import LOOPS
 from exportir.program._input_dims import input_sizes
 from exportir.program.kernels import EmitError, source_line
@@ -151,6 +152,7 @@ class MethodEmitter:
         self.values: list[Any] = []  # schema.EValue or _PendingTensor
         self.instructions: list[schema.Instruction] = []
         self.debug: list[schema.DebugEntry] = []
+        self.debug_nodes = DebugNodes()  # the debug node table (format 2.2)
         self.operators: dict[schema.Operator, int] = {}
         self.node_value: dict[Node, int] = {}
         self.node_items: dict[Node, tuple[int, ...]] = {}
@@ -249,6 +251,7 @@ class MethodEmitter:
 
     def emit_instruction(self, ins_factory: Any, node: Node) -> None:
         self.debug.append(schema.DebugEntry(node.name, source_line(node)))
+        self.debug_nodes.add(node)
         self.instructions.append(ins_factory(len(self.debug) - 1))
 
     # -- arguments ------------------------------------------------------------------------------
@@ -606,6 +609,7 @@ class MethodEmitter:
     def emit_delegate(self, node: Node) -> None:
         lowered = kernels.delegate_module(node, self.gm)
         index = self.program.delegate(lowered)
+        self.debug_nodes.add_delegate(lowered, index)
         inputs = []
         for a in node.args[1:]:
             for item in a if isinstance(a, (list, tuple)) else (a,):
@@ -868,6 +872,7 @@ class MethodEmitter:
             out_spec=_spec_json(self.ep, 1),
             symbols=symbols,
             input_dims=input_dims,
+            nodes=self.debug_nodes.table(),
         )
 
 

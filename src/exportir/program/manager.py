@@ -266,6 +266,14 @@ class ProgramManager:
             self._buffer = serialize_program(self.program)
         return self._buffer
 
+    def get_etrecord(self) -> Any:
+        """The program's ETRecord (``exportir.program.etrecord.ETRecord``): per method, the
+        graph it was emitted from as a reference program, for ``exportir.debug.compare``
+        against the program file; ``.save(path)`` writes it."""
+        from exportir.program.etrecord import ETRecord
+
+        return ETRecord.of(self)
+
     def write_to_file(self, f: Any) -> None:
         f.write(self.buffer)
 

@@ -100,11 +100,13 @@ def format_instruction(m: schema.Method, p: schema.Program, ins: schema.Instruct
     return repr(ins)
 
 
-def _debug(m: schema.Method, ins: schema.Instruction) -> str:
+def _debug(m: schema.Method, ins: schema.Instruction, modules: dict[str, str]) -> str:
     if ins.debug >= len(m.debug):
         return ""
     d = m.debug[ins.debug]
-    return f"  # {d.node_name}" + (f"  {d.source}" if d.source else "")
+    module = modules.get(d.node_name, "")
+    return (f"  # {d.node_name}" + (f"  {d.source}" if d.source else "")
+            + (f"  in {module}" if module else ""))
 
 
 def _signature(m: schema.Method, ids: tuple[int, ...], names: tuple[str, ...]) -> list[str]:
@@ -159,8 +161,9 @@ def format_method(m: schema.Method, p: schema.Program) -> list[str]:
     lines += [f"    %{i}: {format_value(v)}" for i, v in enumerate(m.values)]
     lines.append(f"  instructions ({len(m.instructions)}):")
     width = len(str(max(len(m.instructions) - 1, 0)))
+    modules = {n.name: n.module for n in m.nodes if n.scope == schema.DEBUG_METHOD_SCOPE}
     for pc, ins in enumerate(m.instructions):
-        lines.append(f"    {pc:>{width}}  {format_instruction(m, p, ins)}{_debug(m, ins)}")
+        lines.append(f"    {pc:>{width}}  {format_instruction(m, p, ins)}{_debug(m, ins, modules)}")
     return lines
 
 

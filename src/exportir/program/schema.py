@@ -42,8 +42,9 @@ READABLE_VERSIONS = (1, 2, 3)
 """Major versions a reader accepts: 2 added ``ViewOf`` storage; a 1.x file is a valid 2.x file
 without views; 3 added loops (jumps back), a 2.x file is a valid 3.x file without them."""
 
-MINOR_VERSIONS: dict[int, int] = {1: 0, 2: 1, 3: 0}
-"""The minor version written with each major version."""
+MINOR_VERSIONS: dict[int, int] = {1: 0, 2: 2, 3: 1}
+"""The minor version written with each major version (2.2 and 3.1 added the optional debug
+node table, :class:`DebugNode`; older readers ignore it)."""
 
 
 class ScalarType(IntEnum):
@@ -359,6 +360,30 @@ class DebugEntry:
     source: str = ""
 
 
+DEBUG_METHOD_SCOPE = -1
+"""``DebugNode.scope`` of a node of the method's own graph (else: a delegate index)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DebugNode:
+    """A graph node an instruction, or an op inside a delegate, came from (since 2.2 / 3.1).
+
+    ``scope`` is :data:`DEBUG_METHOD_SCOPE` for nodes of the method's graph (named by the
+    ``DebugEntry`` of an instruction) and the delegate index for nodes of a delegated
+    subgraph (named by the delegate's own op table, e.g. the fused CPU blob's ``node`` field).
+    ``target`` is the op the node called (``aten.addmm.default``), ``module`` the innermost
+    ``nn.Module`` path it ran in (``encoder.layers.0.attn``; ``""`` for the root) and
+    ``module_type`` that module's class. Informational: nothing at run time depends on it.
+    """
+
+    scope: int
+    name: str
+    target: str = ""
+    source: str = ""
+    module: str = ""
+    module_type: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class MethodPlan:
     """Arena sizes in bytes (one per arena) and the plan's lower bound (peak live bytes)."""
@@ -409,6 +434,8 @@ class Method:
     # (a 2.0 file), only the upper bounds of ``sizes`` are checked.
     symbols: tuple[SymbolRange, ...] = ()
     input_dims: tuple[tuple[DimSize | None, ...], ...] = ()
+    # Since 2.2 / 3.1: the graph nodes instructions and delegate ops came from (optional).
+    nodes: tuple[DebugNode, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -247,16 +247,15 @@ def to_edge_transform_and_lower(
     method name -> passes. ``partitioner``: a list of partitioners (every method, applied in
     order; one ``Partitioner`` is taken as a list of one) or a dict of method name -> list.
     ``constant_methods`` and ``compile_config``: as for ``to_edge``. ``generate_etrecord``:
-    not supported (exportir writes no ETRecord).
+    accepted for ExecuTorch's spelling; every emitted program gives its ETRecord
+    (``.to_program().get_etrecord()``, see ``exportir.program.etrecord``) either way.
 
     Returns an ``EdgeProgramManager`` verified under ``compile_config``.
     """
     if isinstance(constant_methods, EdgeCompileConfig):
         raise TypeError("constant_methods got an EdgeCompileConfig; pass it as compile_config=...")
-    if generate_etrecord:
-        raise NotImplementedError(
-            "exportir does not write ETRecords; call with generate_etrecord=False"
-        )
+    if not isinstance(generate_etrecord, bool):
+        raise TypeError(f"generate_etrecord must be a bool; got {generate_etrecord!r}")
     config = compile_config or EdgeCompileConfig()
     methods = _as_methods(programs, "to_edge_transform_and_lower")
     plan = _partitioners_by_method(partitioner, methods)

@@ -105,6 +105,10 @@ def _short_sizes(sizes: tuple[int, ...]) -> str:
     return text if len(text) <= 80 else text[:77] + "...]"
 
 
+MAX_DEBUG_STRING = 4096
+"""Longest string of a debug node (a name, an op, a ``file:line``, a module path)."""
+
+
 def _fail(reason: str, field: str) -> ProgramLoadError:
     return ProgramLoadError(reason, field)
 
@@ -424,11 +428,31 @@ class _MethodChecker:
             f"({budget:.3g}); the costliest is instruction {pc} ({what}, {costs[pc]:.3g})",
             f"{self.f}.instructions[{pc}]", "max_work")
 
+    def debug_nodes(self) -> None:
+        """The optional debug node table (2.2): each entry's scope is the method's graph or a
+        delegate of the program, names are non-empty and unique per scope, and every string is
+        at most :data:`MAX_DEBUG_STRING` characters (a profile or a report prints them)."""
+        seen: set[tuple[int, str]] = set()
+        delegates = len(self.program.delegates)
+        for i, node in enumerate(self.m.nodes):
+            field = f"{self.f}.nodes[{i}]"
+            if node.scope != schema.DEBUG_METHOD_SCOPE:
+                _index(node.scope, delegates, f"{field}.scope", "delegate")
+            if not node.name or (node.scope, node.name) in seen:
+                raise _fail(f"node name {node.name!r} is empty or repeated in its scope",
+                            f"{field}.name")
+            seen.add((node.scope, node.name))
+            for key in ("name", "target", "source", "module", "module_type"):
+                if len(getattr(node, key)) > MAX_DEBUG_STRING:
+                    raise _fail(f"{key} has {len(getattr(node, key))} characters, more than "
+                                f"{MAX_DEBUG_STRING}", f"{field}.{key}")
+
     def check(self) -> None:
         self.plan()
         self.values()
         self.signature()
         self.input_sizes()
+        self.debug_nodes()
         if len(self.m.debug) > 0 or self.m.instructions:
             for pc, ins in enumerate(self.m.instructions):
                 self.instruction(pc, ins)

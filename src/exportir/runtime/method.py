@@ -831,6 +831,14 @@ class Method(_MethodInfo):
         finally:
             idle.append(state)
 
+    def profile(self, *args: Any, repeat: int = 10, warmup: int = 1, **kwargs: Any) -> Any:
+        """Time every instruction (and every op inside delegates whose backend can be
+        instrumented) over ``repeat`` runs after ``warmup`` uncounted ones, on an execution
+        state of its own; returns an :class:`exportir.runtime.profile.Profile`."""
+        from exportir.runtime.profile import profile_method
+
+        return profile_method(self, args, kwargs, repeat=repeat, warmup=warmup)
+
     @property
     def num_states(self) -> int:
         """How many execution states the method holds (at least 1; one per concurrent call)."""

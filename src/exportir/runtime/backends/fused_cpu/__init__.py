@@ -88,6 +88,18 @@ class FusedCpuRuntime:
     def destroy(self, handle: FusedProgram) -> None:
         return None
 
+    def debug_ops(self, handle: FusedProgram) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """Per op of the blob: its name and graph nodes (profiles, numerical debugging)."""
+        from exportir.runtime.backends.fused_cpu.instrument import op_table
+
+        return op_table(handle)
+
+    def instrument(self, handle: FusedProgram, hook: Any) -> Any:
+        """``call(inputs)`` running the blob with ``hook(i, outs)`` after each op ``i``."""
+        from exportir.runtime.backends.fused_cpu.instrument import instrument
+
+        return instrument(handle, hook)
+
 
 def backend_runtime() -> FusedCpuRuntime:
     """A runtime object to register: ``registry.register(BACKEND_ID, backend_runtime())``."""

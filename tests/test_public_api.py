@@ -15,6 +15,7 @@ EXPECTED_ALL = {
     "draft_export",
     "save",
     "load",
+    "from_torch",
     "register_dataclass",
     "ExportedProgram",
     "ExportGraphSignature",

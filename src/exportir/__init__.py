@@ -18,6 +18,7 @@ _LAZY: dict[str, str] = {
     "draft_export": "exportir.export",
     "save": "exportir.export",
     "load": "exportir.export",
+    "from_torch": "exportir.export.serialize.torch_interop",
     "register_dataclass": "exportir.pytree",
     "ExportedProgram": "exportir.export",
     "ExportGraphSignature": "exportir.export",

@@ -11,6 +11,8 @@ in-place ops on buffers or inputs) is functionalized into the ATen dialect, as
 
 from __future__ import annotations
 
+import builtins
+import keyword
 from typing import Any
 
 import torch
@@ -44,7 +46,12 @@ from exportir.export.serialize.torch_encode import (
     SCHEMA_VERSION,
 )
 from exportir.export.serialize.torch_expr import parse_expr
-from exportir.export.serialize.values import _DTYPE_NAMES, _LAYOUT_NAMES, _MEMORY_FORMAT_NAMES, resolve_target
+from exportir.export.serialize.values import (
+    _DTYPE_NAMES,
+    _LAYOUT_NAMES,
+    _MEMORY_FORMAT_NAMES,
+    resolve_target,
+)
 from exportir.export.signature import (
     ExportGraphSignature,
     InputKind,
@@ -71,6 +78,16 @@ _OUTPUTS = {"buffer_mutation": ("BUFFER_MUTATION", "buffer_name"),
             "parameter_mutation": ("PARAMETER_MUTATION", "parameter_name"),
             "gradient_to_parameter": ("GRADIENT_TO_PARAMETER", "parameter_name"),
             "gradient_to_user_input": ("GRADIENT_TO_USER_INPUT", "user_input_name")}
+
+
+# names our FX never gives a node (keywords, builtins: torch's deserializer forces them, we
+# cannot): renamed consistently wherever the file names a value
+_RESERVED = frozenset(keyword.kwlist) | frozenset(dir(builtins))
+
+
+def _ident(name: Any, where: str) -> str:
+    text = check_identifier(name, where)
+    return f"{text}_1" if text in _RESERVED else text
 
 
 def dtype_of(code: Any, where: str) -> torch.dtype:
@@ -123,6 +140,7 @@ class _GraphDecoder:
         self.nodes: list[dict[str, Any]] = []
         self.submodules: dict[str, Any] = {}
         self.vals: dict[str, Any] = {}
+        self.meta: dict[str, Any] = {}
         self._values()
 
     # -- values -------------------------------------------------------------------------
@@ -169,11 +187,12 @@ class _GraphDecoder:
     def _values(self) -> None:
         w = self.where
         for name, meta in as_dict(self.spec.get("tensor_values", {}), f"{w}/tensor_values").items():
-            self.vals[name] = self._fake(meta, f"{w}/tensor_values/{name}")
+            self.vals[_ident(name, f"{w}/tensor_values")] = self._fake(
+                meta, f"{w}/tensor_values/{name}")
         for key, kind in (("sym_int_values", "symint"), ("sym_bool_values", "symbool"),
                           ("sym_float_values", "symfloat")):
             for name, raw in as_dict(self.spec.get(key, {}), f"{w}/{key}").items():
-                self.vals[name] = self._sym(raw, f"{w}/{key}/{name}", kind)
+                self.vals[_ident(name, f"{w}/{key}")] = self._sym(raw, f"{w}/{key}/{name}", kind)
         if as_dict(self.spec.get("custom_obj_values", {}), f"{w}/custom_obj_values"):
             fail(f"{w}/custom_obj_values", "custom objects (torchbind) are not supported")
 
@@ -185,7 +204,7 @@ class _GraphDecoder:
     # -- arguments ----------------------------------------------------------------------
 
     def ref(self, name: Any, where: str) -> dict[str, Any]:
-        return {"node": check_identifier(name, where)}
+        return {"node": _ident(name, where)}
 
     def arg(self, raw: Any, where: str) -> dict[str, Any]:
         tag, v = _union(raw, where)
@@ -197,7 +216,7 @@ class _GraphDecoder:
 
     def graph_arg(self, v: Any, where: str) -> dict[str, Any]:
         spec = as_dict(v, where)
-        name = check_identifier(spec.get("name"), f"{where}/name")
+        name = _ident(spec.get("name"), f"{where}/name")
         if name not in self.submodules:
             sub = _GraphDecoder(spec.get("graph"), f"{where}/graph", self.symbols)
             self.submodules[name] = sub.module()
@@ -225,19 +244,19 @@ class _GraphDecoder:
                 inner = f"{node_name}_list_{i}"
                 vals = []
                 self.nodes.append(_node(inner, "call_function", "operator.getitem",
-                                        [{"node": node_name}, {"int": i}], {}, {}))
+                                        [{"node": node_name}, {"int": i}], {}, dict(self.meta)))
                 for j, t in enumerate(as_list(v, f"{where}/{i}")):
-                    name = check_identifier(as_dict(t, f"{where}/{i}/{j}").get("name"), where)
+                    name = _ident(as_dict(t, f"{where}/{i}/{j}").get("name"), where)
                     vals.append(self.val(name, f"{where}/{i}/{j}"))
                     self.nodes.append(_node(name, "call_function", "operator.getitem",
                                             [{"node": inner}, {"int": j}], {},
-                                            {"val": self.val(name, where)}))
+                                            {**self.meta, "val": self.val(name, where)}))
                 self.nodes[-len(vals) - 1]["meta"]["val"] = {"list": vals}
                 continue
             name = _value_name(tag, v, f"{where}/{i}")
             self.nodes.append(_node(name, "call_function", "operator.getitem",
                                     [{"node": node_name}, {"int": i}], {},
-                                    {"val": self.val(name, f"{where}/{i}")}))
+                                    {**self.meta, "val": self.val(name, f"{where}/{i}")}))
 
     def node_val(self, outs: list[Any], where: str, hop_single: Any) -> Any:
         if not outs:
@@ -271,10 +290,11 @@ class _GraphDecoder:
         outs = as_list(spec.get("outputs", []), f"{where}/outputs")
         hop_single = spec.get("is_hop_single_tensor_return")
         name = spec.get("name") or _first_name(outs, where) or f"node_{index}"
-        name = check_identifier(name, f"{where}/name")
+        name = _ident(name, f"{where}/name")
         args, kwargs = self.inputs(target, as_list(spec.get("inputs", []), f"{where}/inputs"),
                                    f"{where}/inputs")
         meta = _metadata(spec.get("metadata", {}), f"{where}/metadata")
+        self.meta = {k: v for k, v in meta.items() if k != "torch_fn"}
         meta["val"] = self.node_val(outs, f"{where}/outputs", hop_single)
         self.nodes.append(_node(name, "call_function", target_text, args, kwargs, meta))
         self.outputs(name, outs, f"{where}/outputs", hop_single)
@@ -319,7 +339,7 @@ class _GraphDecoder:
             tag, v = _union(raw, at)
             if tag not in ("as_tensor", "as_sym_int", "as_sym_bool", "as_sym_float"):
                 fail(at, f"graph input kind {tag!r:.40} is not supported")
-            name = check_identifier(_value_name(tag, v, at), at)
+            name = _ident(_value_name(tag, v, at), at)
             self.nodes.append(_node(name, "placeholder", name, [], {}, {"val": self.val(name, at)}))
         raw_nodes = as_list(self.spec.get("nodes", []), f"{w}/nodes")
         if len(raw_nodes) > LIMITS.max_entries * 64:
@@ -334,12 +354,12 @@ class _GraphDecoder:
 
 def _value_name(tag: str, v: Any, where: str) -> str:
     if tag == "as_tensor":
-        return check_identifier(as_dict(v, where).get("name"), where)
+        return _ident(as_dict(v, where).get("name"), where)
     if tag in ("as_sym_int", "as_sym_bool", "as_sym_float"):
         itag, name = _union(v, where)
         if itag != "as_name":
             fail(where, f"expected a named symbolic value, got {itag!r:.40}")
-        return check_identifier(name, where)
+        return _ident(name, where)
     fail(where, f"output kind {tag!r:.40} is not supported")
 
 
@@ -390,6 +410,9 @@ def _metadata(raw: Any, where: str) -> dict[str, Any]:
 
 
 def _node(name: str, op: str, target: str, args: list, kwargs: dict, meta: dict) -> dict:
+    if op == "call_function":  # torch leaves these out when empty; the contract wants them
+        meta.setdefault("stack_trace", "")
+        meta.setdefault("nn_module_stack", {})
     return {"name": name, "op": op, "target": target, "args": args, "kwargs": kwargs,
             "meta": meta}
 
@@ -524,7 +547,7 @@ def _signature(raw: Any, where: str) -> dict[str, Any]:
 
 
 def _name(raw: Any, where: str) -> str:
-    return check_identifier(as_dict(raw, where).get("name"), f"{where}/name")
+    return _ident(as_dict(raw, where).get("name"), f"{where}/name")
 
 
 def _call_graph(raw: Any, where: str) -> list[Any]:
@@ -630,7 +653,7 @@ def _functionalize(gm: GraphModule, signature: ExportGraphSignature
     except RuntimeError as e:
         raise SerializationError(f"cannot functionalize the program's in-place ops: {e}") from e
     mutations, specs = [], []
-    for old, new in fz.placeholders.items():
+    for old in fz.placeholders:
         if fz.version.get(old, 0) == 0:
             continue
         spec = kinds.get(old.name)

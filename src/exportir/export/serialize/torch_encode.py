@@ -115,7 +115,8 @@ def _our_treespec(spec: Any) -> pytree.TreeSpec:
     """Our TreeSpec for ours or torch's (read by attribute)."""
     if isinstance(spec, pytree.TreeSpec):
         return spec
-    children = [_our_treespec(c) for c in getattr(spec, "children_specs", [])]
+    kids = spec.children() if callable(getattr(spec, "children", None)) else spec.children_specs
+    children = [_our_treespec(c) for c in kids]
     kind = getattr(spec, "type", None)
     return pytree.TreeSpec(kind, None if kind is None else spec.context, children)
 

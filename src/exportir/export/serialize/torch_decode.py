@@ -67,6 +67,7 @@ _DTYPES = {code: _DTYPE_NAMES[d] for d, code in DTYPE_CODES.items()}
 _LAYOUTS = {code: _LAYOUT_NAMES[x] for x, code in LAYOUT_CODES.items() if x in _LAYOUT_NAMES}
 _MEMORY_FORMATS = {code: _MEMORY_FORMAT_NAMES[x] for x, code in MEMORY_FORMAT_CODES.items()}
 _DTYPE_OBJECTS = {code: d for d, code in DTYPE_CODES.items()}
+_CONSTANT_INPUTS = ("as_int", "as_float", "as_bool", "as_none", "as_string")
 _FLOATS = {"Infinity": "inf", "-Infinity": "-inf", "NaN": "nan"}
 _PY_MODULES = {"_operator": "operator", "operator": "operator", "math": "math", "torch": "torch",
                "builtins": "builtins"}
@@ -332,11 +333,18 @@ class _GraphDecoder:
                     kwargs[a.name] = value
         return args, kwargs
 
-    def module(self) -> dict[str, Any]:
+    def module(self, constant_names: dict[int, str] | None = None) -> dict[str, Any]:
+        """``constant_names``: input position -> name of the constant inputs (the signature's
+        ``constant_input`` specs name them; the graph lists only their values)."""
         w = self.where
         for i, raw in enumerate(as_list(self.spec.get("inputs", []), f"{w}/inputs")):
             at = f"{w}/inputs/{i}"
             tag, v = _union(raw, at)
+            if tag in _CONSTANT_INPUTS:
+                name = _ident((constant_names or {}).get(i) or f"arg{i}", at)
+                self.nodes.append(_node(name, "placeholder", name, [], {},
+                                        {"val": self.arg(raw, at)}))
+                continue
             if tag not in ("as_tensor", "as_sym_int", "as_sym_bool", "as_sym_float"):
                 fail(at, f"graph input kind {tag!r:.40} is not supported")
             name = _ident(_value_name(tag, v, at), at)
@@ -521,6 +529,11 @@ def _signature(raw: Any, where: str) -> dict[str, Any]:
         elif tag == "token":
             inputs.append({"kind": "TOKEN", "arg": {"token": _name(body.get("arg"), at)},
                            "target": None, "persistent": None})
+        elif tag == "constant_input":
+            value = _spec_arg(body.get("value"), f"{at}/value")
+            value["constant"]["name"] = _ident(body.get("name"), f"{at}/name")
+            inputs.append({"kind": "USER_INPUT", "arg": value, "target": None,
+                           "persistent": None})
         else:
             fail(at, f"input kind {tag!r:.40} is not supported (custom objects and constant "
                      "inputs are not read)")
@@ -614,16 +627,17 @@ def decode_torch_program(
     _check_version(root, where)
     gm_raw = as_dict(root.get("graph_module"), f"{where}/graph_module")
     symbols = _Symbols()
+    sig_json = _signature(gm_raw.get("signature"), f"{where}/graph_module/signature")
+    constant_names = {i: s["arg"]["constant"]["name"] for i, s in enumerate(sig_json["input_specs"])
+                      if "constant" in s["arg"]}
     graph_json = _GraphDecoder(gm_raw.get("graph"), f"{where}/graph_module/graph",
-                               symbols).module()
+                               symbols).module(constant_names)
     ranges = _ranges(root.get("range_constraints", {}), f"{where}/range_constraints")
     ranges = {k: v for k, v in ranges.items() if k in symbols.names}
     shapes = decode_shape_env(_shape_env(symbols, ranges), f"{where}/range_constraints") \
         if symbols.names else None
     gm = decode_graph_module(graph_json, f"{where}/graph_module/graph", shapes)
-    signature = decode_signature(_signature(gm_raw.get("signature"),
-                                            f"{where}/graph_module/signature"),
-                                 f"{where}/graph_module/signature")
+    signature = decode_signature(sig_json, f"{where}/graph_module/signature")
     call_graph = decode_module_call_graph(
         _call_graph(gm_raw.get("module_call_graph", []), f"{where}/graph_module/module_call_graph"),
         f"{where}/graph_module/module_call_graph")

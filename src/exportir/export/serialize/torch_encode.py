@@ -316,8 +316,10 @@ class _GraphEncoder:
             where = f"{self.where}/nodes/{i} ({n.name})"
             if n.op == "placeholder":
                 val = n.meta.get("val")
-                inputs.append(self._declare(n.name, val, where) if not isinstance(
-                    val, (str, type(None))) else self.arg(val, where))
+                symbolic = isinstance(val, (torch.Tensor, torch.SymInt, torch.SymBool,
+                                            torch.SymFloat))
+                inputs.append(self._declare(n.name, val, where) if symbolic
+                              else self.arg(val, where))  # a constant input: its value
             elif n.op == "call_function":
                 if n.target is _GETITEM and _is_node(n.args[0]) and n.args[0].op != "placeholder":
                     continue  # the producer lists its outputs

@@ -142,6 +142,7 @@ class _GraphDecoder:
         self.submodules: dict[str, Any] = {}
         self.vals: dict[str, Any] = {}
         self.meta: dict[str, Any] = {}
+        self.alias: dict[str, Any] = {}  # value name -> argument JSON (inlined bodies)
         self._values()
 
     # -- values -------------------------------------------------------------------------
@@ -205,7 +206,8 @@ class _GraphDecoder:
     # -- arguments ----------------------------------------------------------------------
 
     def ref(self, name: Any, where: str) -> dict[str, Any]:
-        return {"node": _ident(name, where)}
+        name = _ident(name, where)
+        return self.alias.get(name) or {"node": name}
 
     def arg(self, raw: Any, where: str) -> dict[str, Any]:
         tag, v = _union(raw, where)
@@ -287,6 +289,9 @@ class _GraphDecoder:
         where = f"{self.where}/nodes/{index}"
         spec = as_dict(raw, where)
         target_text = _target(spec.get("target"), f"{where}/target")
+        if target_text in _INLINED:
+            self.inline(spec, where)
+            return
         target = resolve_target(target_text, f"{where}/target")
         outs = as_list(spec.get("outputs", []), f"{where}/outputs")
         hop_single = spec.get("is_hop_single_tensor_return")
@@ -299,6 +304,67 @@ class _GraphDecoder:
         meta["val"] = self.node_val(outs, f"{where}/outputs", hop_single)
         self.nodes.append(_node(name, "call_function", target_text, args, kwargs, meta))
         self.outputs(name, outs, f"{where}/outputs", hop_single)
+
+    def inline(self, spec: dict[str, Any], where: str) -> None:
+        """torch's training IR wraps ``torch.no_grad()`` / autocast regions in
+        ``wrap_with_set_grad_enabled`` / ``wrap_with_autocast`` calls of a body graph; the ATen
+        dialect has no such op (grad mode does not change what a functional graph computes), so
+        the body's nodes are put in place of the call, as torch's run_decompositions does."""
+        inputs = [as_dict(x, f"{where}/inputs/{i}")
+                  for i, x in enumerate(as_list(spec.get("inputs", []), f"{where}/inputs"))]
+        tags = [_union(x.get("arg"), f"{where}/inputs/{i}/arg")[0] for i, x in enumerate(inputs)]
+        if "as_graph" not in tags:
+            fail(f"{where}/inputs", "a wrapped region without its body graph (as_graph)")
+        pos = tags.index("as_graph")
+        body = as_dict(_union(inputs[pos]["arg"], where)[1], f"{where}/inputs/{pos}/arg")
+        outer = [self.arg(x.get("arg"), f"{where}/inputs/{pos + 1 + i}/arg")
+                 for i, x in enumerate(inputs[pos + 1:])]
+        child = _GraphDecoder(body.get("graph"), f"{where}/inputs/{pos}/graph", self.symbols)
+        params = as_list(child.spec.get("inputs", []), f"{child.where}/inputs")
+        if len(params) != len(outer):
+            fail(f"{where}/inputs", f"the body takes {len(params)} inputs, the call passes "
+                                    f"{len(outer)}")
+        for i, (raw, value) in enumerate(zip(params, outer)):
+            tag, v = _union(raw, f"{child.where}/inputs/{i}")
+            child.alias[_ident(_value_name(tag, v, child.where), child.where)] = value
+        for i, raw in enumerate(as_list(child.spec.get("nodes", []), f"{child.where}/nodes")):
+            child.call(raw, i)
+        results = [child.arg(r, f"{child.where}/outputs/{i}") for i, r in
+                   enumerate(as_list(child.spec.get("outputs", []), f"{child.where}/outputs"))]
+        outs = as_list(spec.get("outputs", []), f"{where}/outputs")
+        if len(outs) == 1 and _union(outs[0], where)[0] == "as_tensors":
+            outs = [{"as_tensor": t} for t in _union(outs[0], where)[1]]
+        names = [None if _union(o, where)[0] == "as_none" else
+                 _ident(_value_name(*_union(o, f"{where}/outputs/{i}"), where), where)
+                 for i, o in enumerate(outs)]
+        self._splice(child, dict(zip(names, results)), where)
+
+    def _splice(self, child: _GraphDecoder, results: dict[Any, Any], where: str) -> None:
+        """Append ``child``'s nodes, named so that each result node takes the name the call's
+        output had and no other name collides with this graph's."""
+        taken = {n["name"] for n in self.nodes} | set(self.vals) | set(self.alias)
+        renames: dict[str, str] = {}
+        for outer, value in results.items():
+            inner = value.get("node") if isinstance(value, dict) else None
+            if outer is None:
+                continue
+            if inner is not None and inner not in child.alias and inner not in renames:
+                renames[inner] = outer
+            else:
+                self.alias[outer] = value
+        for n in child.nodes:
+            if n["name"] in renames:
+                continue
+            fresh, k = n["name"], 1
+            while fresh in taken or fresh in renames.values():
+                fresh, k = f"{n['name']}_{k}", k + 1
+            renames[n["name"]] = fresh
+        for n in child.nodes:
+            n["name"] = renames[n["name"]]
+            n["args"] = _renamed(n["args"], renames)
+            n["kwargs"] = _renamed(n["kwargs"], renames)
+            self.nodes.append(n)
+        self.submodules.update(child.submodules)
 
     def inputs(self, target: Any, raw: list[Any], where: str) -> tuple[list, dict]:
         args: list[Any] = []
@@ -358,6 +424,20 @@ class _GraphDecoder:
                    for i, r in enumerate(as_list(self.spec.get("outputs", []), f"{w}/outputs"))]
         self.nodes.append(_node("output", "output", "output", [{"tuple": results}], {}, {}))
         return {"nodes": self.nodes, "submodules": self.submodules}
+
+
+_INLINED = frozenset({"higher_order::wrap_with_set_grad_enabled",
+                      "higher_order::wrap_with_autocast"})
+
+
+def _renamed(value: Any, renames: dict[str, str]) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {"node"} and value["node"] in renames:
+            return {"node": renames[value["node"]]}
+        return {k: _renamed(v, renames) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_renamed(v, renames) for v in value]
+    return value
 
 
 def _value_name(tag: str, v: Any, where: str) -> str:

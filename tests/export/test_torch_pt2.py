@@ -13,6 +13,7 @@ import sys
 import warnings
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -57,15 +58,29 @@ def _clone(args):
         lambda t: t.clone() if isinstance(t, torch.Tensor) else t, args)
 
 
+def _auto_batch(args: tuple, kwargs: dict) -> dict[str, Any]:
+    """Dim.AUTO on dim 0 of every tensor input (torch specializes what the code fixes)."""
+    import inspect
+
+    def spec(x: Any) -> Any:
+        return torch.utils._pytree.tree_map(
+            lambda t: {0: texport.Dim.AUTO} if isinstance(t, torch.Tensor) and t.dim() else None,
+            x)
+
+    return {"args": [spec(a) for a in args], "kwargs": {k: spec(v) for k, v in kwargs.items()},
+            "inspect": inspect}
+
+
 def _roundtrip_from_torch(name: str, dynamic: bool = False) -> None:
     entry = next(e for e in em.ENTRIES if e.name == name)
     module, args, kwargs = em.build(entry)
     shapes = None
     if dynamic:
-        shapes = torch.utils._pytree.tree_map(
-            lambda t: {0: texport.Dim.AUTO} if isinstance(t, torch.Tensor) else None,
-            (args, kwargs))
-        shapes = (*shapes[0], *shapes[1].values()) if not kwargs else None
+        auto = _auto_batch(args, kwargs)
+        params = list(auto["inspect"].signature(module.forward).parameters)
+        shapes = {**dict(zip(params, auto["args"])), **auto["kwargs"]}
+        if any(p in ("args", "kwargs") for p in params):
+            shapes = None  # *args / **kwargs forwards: left static
     tep = texport.export(module, _clone(args), _clone(kwargs), dynamic_shapes=shapes)
     expected = em.build(entry)[0](*_clone(args), **_clone(kwargs))
     ours = _load_quiet(_torch_pt2(tep))
@@ -299,3 +314,9 @@ def test_fresh_process_loads_a_torch_pt2_and_runs_it(tmp_path):
 @pytest.mark.parametrize("name", [e.name for e in em.ENTRIES])
 def test_whole_corpus_torch_pt2_round_trip(name):
     _roundtrip_from_torch(name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [e.name for e in em.ENTRIES])
+def test_whole_corpus_torch_pt2_round_trip_dynamic_batch(name):
+    _roundtrip_from_torch(name, dynamic=True)

@@ -4,6 +4,8 @@ exportir.save(format="torch") -> torch.export.load -> module(), against eager.""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import io
 import json
 import os
@@ -58,17 +60,20 @@ def _clone(args):
         lambda t: t.clone() if isinstance(t, torch.Tensor) else t, args)
 
 
-def _auto_batch(args: tuple, kwargs: dict) -> dict[str, Any]:
-    """Dim.AUTO on dim 0 of every tensor input (torch specializes what the code fixes)."""
-    import inspect
-
-    def spec(x: Any) -> Any:
-        return torch.utils._pytree.tree_map(
-            lambda t: {0: texport.Dim.AUTO} if isinstance(t, torch.Tensor) and t.dim() else None,
-            x)
-
-    return {"args": [spec(a) for a in args], "kwargs": {k: spec(v) for k, v in kwargs.items()},
-            "inspect": inspect}
+def _auto_spec(x: Any) -> Any:
+    """Dim.AUTO on dim 0 of every tensor (torch specializes what the code fixes); inputs of
+    other types (registered classes, primitives) static."""
+    if isinstance(x, torch.Tensor):
+        return {0: texport.Dim.AUTO} if x.dim() else None
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # namedtuple: the same type
+        return type(x)(*[_auto_spec(v) for v in x])
+    if dataclasses.is_dataclass(x):  # registered dataclass: its fields, as a list
+        return [_auto_spec(getattr(x, f.name)) for f in dataclasses.fields(x)]
+    if isinstance(x, (list, tuple)):
+        return [_auto_spec(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _auto_spec(v) for k, v in x.items()}
+    return None
 
 
 def _roundtrip_from_torch(name: str, dynamic: bool = False) -> None:
@@ -76,9 +81,9 @@ def _roundtrip_from_torch(name: str, dynamic: bool = False) -> None:
     module, args, kwargs = em.build(entry)
     shapes = None
     if dynamic:
-        auto = _auto_batch(args, kwargs)
-        params = list(auto["inspect"].signature(module.forward).parameters)
-        shapes = {**dict(zip(params, auto["args"])), **auto["kwargs"]}
+        params = list(inspect.signature(module.forward).parameters)
+        shapes = {**dict(zip(params, map(_auto_spec, args))),
+                  **{k: _auto_spec(v) for k, v in kwargs.items()}}
         if any(p in ("args", "kwargs") for p in params):
             shapes = None  # *args / **kwargs forwards: left static
     tep = texport.export(module, _clone(args), _clone(kwargs), dynamic_shapes=shapes)

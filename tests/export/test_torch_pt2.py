@@ -104,6 +104,24 @@ def test_torch_pt2_round_trip(name):
     _roundtrip_from_torch(name)
 
 
+def _ours_to_torch(name: str) -> None:
+    """exportir.export -> exportir.save(format="torch") -> torch.export.load -> module()."""
+    entry = next(e for e in em.ENTRIES if e.name == name)
+    module, args, kwargs = em.build(entry)
+    ep = exportir.export(module, _clone(args), _clone(kwargs))
+    expected = em.build(entry)[0](*_clone(args), **_clone(kwargs))
+    buf = io.BytesIO()
+    exportir.save(ep, buf, format="torch")
+    buf.seek(0)
+    back = texport.load(buf)
+    _close(back.module()(*_clone(args), **_clone(kwargs)), expected)
+
+
+@pytest.mark.parametrize("name", ("buffer_inplace", "custom_op"))
+def test_our_programs_load_in_torch(name):
+    _ours_to_torch(name)
+
+
 def test_torch_pt2_dynamic_shapes_survive():
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
     batch = texport.Dim("batch", min=2, max=64)
@@ -325,3 +343,9 @@ def test_whole_corpus_torch_pt2_round_trip(name):
 @pytest.mark.parametrize("name", [e.name for e in em.ENTRIES])
 def test_whole_corpus_torch_pt2_round_trip_dynamic_batch(name):
     _roundtrip_from_torch(name, dynamic=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [e.name for e in em.ENTRIES])
+def test_whole_corpus_ours_to_torch_pt2(name):
+    _ours_to_torch(name)

@@ -290,7 +290,8 @@ def _write_payloads(tensors: dict[str, Any], prefix: str, where: str,
         path = f"{prefix}{i}"
         members[path] = data
         meta = tensor_meta(dense, f"{where}/{fqn}")
-        meta["requires_grad"] = bool(t.requires_grad)
+        # a buffer is written back in place by torch's module(): it must not require grad
+        meta["requires_grad"] = bool(t.requires_grad) and fqn in params
         config[fqn] = {"path_name": path, "is_param": fqn in params, "use_pickle": False,
                        "tensor_meta": meta}
     return members, {"config": config}

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import builtins
 import keyword
+import operator
 from typing import Any
 
 import torch
 from torch._ops import OpOverload
 
-from exportir.export.capture.functionalize import functionalize
+from exportir.export.capture.functionalize import REWRITES, functionalize
 from exportir.export.program.exported_program import ExportedProgram
 from exportir.export.program.verifier import SpecViolationError, Verifier
 from exportir.export.serialize.common import (
@@ -50,6 +51,7 @@ from exportir.export.serialize.values import (
     _DTYPE_NAMES,
     _LAYOUT_NAMES,
     _MEMORY_FORMAT_NAMES,
+    make_fake,
     resolve_target,
 )
 from exportir.export.signature import (
@@ -723,7 +725,9 @@ def decode_torch_program(
         f"{where}/graph_module/module_call_graph")
     range_constraints = decode_range_constraints(ranges, f"{where}/range_constraints",
                                                  shapes[1] if shapes else None)
-    if any(isinstance(n.target, OpOverload) and n.target._schema.is_mutable
+    _expose_batch_norm_updates(gm)
+    if any(isinstance(n.target, OpOverload) and (n.target._schema.is_mutable
+                                                  or n.target in REWRITES)
            for n in gm.graph.nodes if n.op == "call_function"):
         gm, signature = _functionalize(gm, signature)
     try:
@@ -736,6 +740,28 @@ def decode_torch_program(
     except (TypeError, ValueError, KeyError, RuntimeError, AttributeError) as e:
         raise SerializationError(f"{where}: cannot rebuild the ExportedProgram "
                                  f"({type(e).__name__}: {e})") from e
+
+
+def _expose_batch_norm_updates(gm: GraphModule) -> None:
+    """torch's training IR keeps ``batch_norm(..., training=True)``, which updates the running
+    stats without its schema saying so (torch finds the writes when it re-traces). Made
+    ``native_batch_norm`` + ``getitem``, the functionalizer's rule for it exposes the writes."""
+    graph = gm.graph
+    for n in list(graph.find_nodes(op="call_function", target=torch.ops.aten.batch_norm.default)):
+        x, w, b, mean, var, training, momentum, eps = (list(n.args) + [None] * 8)[:8]
+        val = n.meta.get("val")
+        if not training or mean is None or var is None or not isinstance(val, torch.Tensor):
+            continue
+        channels = val.shape[1] if val.dim() > 1 else 0
+        stat = make_fake([channels], [1], 0, val.dtype, val.device, False)
+        with graph.inserting_before(n):
+            native = graph.call_function(torch.ops.aten.native_batch_norm.default,
+                                         (x, w, b, mean, var, True, momentum, eps))
+            native.meta.update({**n.meta, "val": (val, stat, stat)})
+            out = graph.call_function(operator.getitem, (native, 0))
+            out.meta.update(n.meta)
+        n.replace_all_uses_with(out)
+        graph.erase_node(n)
 
 
 def _functionalize(gm: GraphModule, signature: ExportGraphSignature

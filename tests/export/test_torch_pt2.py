@@ -166,6 +166,32 @@ def test_torch_pt2_cond():
         _close(back.module()(x), m(x))
 
 
+class _MapAndLoop(torch.nn.Module):
+    def forward(self, xs, i, y):
+        from torch._higher_order_ops.map import map as torch_map
+        from torch._higher_order_ops.while_loop import while_loop
+
+        mapped = torch_map(lambda x, b: (x * b).relu() + 1, xs, y)
+        _, looped = while_loop(lambda j, a: j < 3, lambda j, a: (j + 1, a * 2 + 1), (i, y))
+        return mapped, looped
+
+
+def test_torch_pt2_map_and_while_loop_both_ways():
+    m = _MapAndLoop()
+    args = (torch.randn(3, 2), torch.tensor(0), torch.randn(2))
+    tep = texport.export(m, args)
+    ours = _load_quiet(_torch_pt2(tep))
+    targets = {getattr(n.target, "__name__", "") for n in ours.graph.nodes}
+    assert {"map_impl", "while_loop"} <= targets
+    assert [e.fqn for e in ours.module_call_graph] == [e.fqn for e in tep.module_call_graph]
+    buf = io.BytesIO()
+    exportir.save(ours, buf, format="torch")
+    buf.seek(0)
+    back = texport.load(buf)
+    for run in (ours.module(), back.module()):
+        _close(run(*_clone(args)), m(*_clone(args)))
+
+
 def test_torch_pt2_runs_on_our_runtime():
     entry = next(e for e in em.ENTRIES if e.name == "mlp")
     module, args, _ = em.build(entry)

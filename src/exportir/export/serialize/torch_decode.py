@@ -424,7 +424,9 @@ class _GraphDecoder:
             self.call(raw, i)
         results = [self.arg(r, f"{w}/outputs/{i}")
                    for i, r in enumerate(as_list(self.spec.get("outputs", []), f"{w}/outputs"))]
-        self.nodes.append(_node("output", "output", "output", [{"tuple": results}], {}, {}))
+        single = self.spec.get("is_single_tensor_return") is True and len(results) == 1
+        self.nodes.append(_node("output", "output", "output",
+                                [results[0] if single else {"tuple": results}], {}, {}))
         return {"nodes": self.nodes, "submodules": self.submodules}
 
 

@@ -311,7 +311,7 @@ class _GraphEncoder:
         return out
 
     def graph(self) -> dict[str, Any]:
-        inputs, outputs, nodes = [], [], []
+        inputs, outputs, nodes, single = [], [], [], False
         for i, n in enumerate(self.gm.graph.nodes):
             where = f"{self.where}/nodes/{i} ({n.name})"
             if n.op == "placeholder":
@@ -326,13 +326,14 @@ class _GraphEncoder:
                 nodes.append(self.call(n, where))
             elif n.op == "output":
                 results = n.args[0]
-                results = results if isinstance(results, (list, tuple)) else [results]
+                single = not isinstance(results, (list, tuple))
+                results = [results] if single else results
                 outputs = [self.arg(a, f"{where}/{k}") for k, a in enumerate(results)]
             elif n.op != "get_attr":
                 fail(where, f"node op {n.op!r} cannot be written to a .pt2")
         return {"inputs": inputs, "outputs": outputs, "nodes": nodes,
                 "tensor_values": self.tensor_values, "sym_int_values": self.sym_int_values,
-                "sym_bool_values": self.sym_bool_values, "is_single_tensor_return": False,
+                "sym_bool_values": self.sym_bool_values, "is_single_tensor_return": single,
                 "custom_obj_values": {}, "sym_float_values": self.sym_float_values}
 
 

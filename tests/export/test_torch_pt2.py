@@ -70,7 +70,7 @@ def _auto_spec(x: Any) -> Any:
     if dataclasses.is_dataclass(x):  # registered dataclass: its fields, as a list
         return [_auto_spec(getattr(x, f.name)) for f in dataclasses.fields(x)]
     if isinstance(x, (list, tuple)):
-        return [_auto_spec(v) for v in x]
+        return type(x)(_auto_spec(v) for v in x)
     if isinstance(x, dict):
         return {k: _auto_spec(v) for k, v in x.items()}
     return None

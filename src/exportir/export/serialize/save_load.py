@@ -68,7 +68,7 @@ from exportir.export.serialize.torch_archive import (
     load_torch_archive,
     save_torch_archive,
 )
-from exportir.export.serialize.torch_interop import as_exported_program
+from exportir.export.serialize.torch_interop import as_exported_program, is_torch_program
 from exportir.export.signature import ExportGraphSignature, InputKind
 from exportir.fx.graph_module import GraphModule
 
@@ -171,6 +171,10 @@ def save(
         raise ValueError(f"format={format!r} is not a program format; use format='exportir' "
                          "(the default, our pickle-free format) or format='torch' (the .pt2 "
                          "that torch.export.load reads)")
+    if not (isinstance(ep, ExportedProgram) or is_torch_program(ep)):
+        raise TypeError(f"The 'ep' parameter must be an instance of 'ExportedProgram' (an "
+                        f"exportir ExportedProgram from exportir.export, or a "
+                        f"torch.export.ExportedProgram), got '{type(ep).__name__}' instead.")
     ep = as_exported_program(ep, "exportir.save")
     if format == "torch":
         save_torch_archive(ep, f, extra_files=extra_files, opset_version=opset_version)

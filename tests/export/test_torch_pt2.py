@@ -330,6 +330,13 @@ def test_hostile_model_json_gets_typed_errors(edit, match):
         exportir.load(_zip(members))
 
 
+def test_expected_opset_version_is_checked():
+    members = _small_pt2()
+    with pytest.raises(SerializationError, match="opset"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exportir.load(_zip(members), expected_opset_version={"aten": 999})
+
+
 def test_weight_bytes_are_checked_before_use():
     members = _small_pt2()
     root = _model_name(members).split("/")[0]

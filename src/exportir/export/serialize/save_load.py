@@ -319,7 +319,8 @@ def load(
     if not isinstance(f, (str, os.PathLike)):
         f = _seekable(f)
     if is_torch_archive(f):
-        return load_torch_archive(f, extra_files=extra_files, limits=limits)
+        return load_torch_archive(f, extra_files=extra_files, limits=limits,
+                                  expected_opset_version=expected_opset_version)
     with Archive(f, limits) as ar:
         try:
             ep, extra_raw = _decode(ar, expected_opset_version)

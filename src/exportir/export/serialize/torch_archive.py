@@ -232,8 +232,17 @@ def _model_name(z: _Zip) -> str:
     return models[0]
 
 
+def _check_opset(model: Any, expected: dict[str, int] | None, where: str) -> None:
+    saved = as_dict(as_dict(model, where).get("opset_version", {}), f"{where}/opset_version")
+    for namespace, version in (expected or {}).items():
+        if namespace in saved and as_int(saved[namespace], f"{where}/opset_version") != version:
+            fail(f"{where}/opset_version", f"the program was saved with {namespace} opset "
+                 f"version {saved[namespace]}, but version {version} was expected")
+
+
 def load_torch_archive(f: Any, *, extra_files: dict[str, Any] | None = None,
-                       limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS) -> Any:
+                       limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS,
+                       expected_opset_version: dict[str, int] | None = None) -> Any:
     """Our ExportedProgram for the .pt2 ``f`` (see the module docstring for what is read)."""
     z = _Zip(f, limits)
     try:
@@ -255,8 +264,9 @@ def load_torch_archive(f: Any, *, extra_files: dict[str, Any] | None = None,
             warnings.warn(f"{samples}: the example inputs are pickled (torch.save); exportir "
                           "never unpickles, so they were skipped (ep.example_inputs is None)",
                           stacklevel=3)
-        ep = decode_torch_program(z.json(f"models/{name}.json"), state, constants,
-                                  f"models/{name}.json")
+        model = z.json(f"models/{name}.json")
+        _check_opset(model, expected_opset_version, f"models/{name}.json")
+        ep = decode_torch_program(model, state, constants, f"models/{name}.json")
         for key in list(extra_files or {}):
             member = f"extra/{key}"
             if not z.has(member):

@@ -57,6 +57,7 @@ from exportir.export.serialize.values import (
 from exportir.export.signature import (
     ExportGraphSignature,
     InputKind,
+    InputSpec,
     OutputKind,
     OutputSpec,
     make_argument_spec,
@@ -770,6 +771,7 @@ def _functionalize(gm: GraphModule, signature: ExportGraphSignature
                    ) -> tuple[GraphModule, ExportGraphSignature]:
     """torch's training IR writes buffers / inputs in place: give each write a mutation output."""
     kinds = {s.arg.name: s for s in signature.input_specs}
+    inputs = list(signature.input_specs)
     try:
         fz, old_out = functionalize(gm.graph)
     except RuntimeError as e:
@@ -780,9 +782,14 @@ def _functionalize(gm: GraphModule, signature: ExportGraphSignature
             continue
         spec = kinds.get(old.name)
         value = fz.read(old)
+        if spec is not None and spec.kind is InputKind.CONSTANT_TENSOR:
+            # a tensor attribute the program updates (transformers' StaticCache): torch lifts
+            # it as a constant; state that changes is a (non-persistent) buffer
+            spec = InputSpec(InputKind.BUFFER, spec.arg, spec.target, False)
+            inputs[inputs.index(kinds[old.name])] = spec
         if spec is None or spec.kind not in (InputKind.BUFFER, InputKind.USER_INPUT):
             raise SerializationError(f"the program writes input {old.name!r}, which is not a "
-                                     "buffer or user input")
+                                     "buffer, tensor constant or user input")
         kind = OutputKind.BUFFER_MUTATION if spec.kind is InputKind.BUFFER else \
             OutputKind.USER_INPUT_MUTATION
         target = spec.target if spec.kind is InputKind.BUFFER else old.name
@@ -798,4 +805,4 @@ def _functionalize(gm: GraphModule, signature: ExportGraphSignature
         outputs.append(OutputSpec(spec.kind, make_argument_spec(value) if hasattr(value, "meta")
                                   else spec.arg, spec.target))
     new_gm = GraphModule(gm, fz.new)
-    return new_gm, ExportGraphSignature(list(signature.input_specs), outputs)
+    return new_gm, ExportGraphSignature(inputs, outputs)

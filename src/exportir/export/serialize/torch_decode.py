@@ -21,7 +21,7 @@ from torch._ops import OpOverload
 
 from exportir.export.capture.functionalize import REWRITES, functionalize
 from exportir.export.program.exported_program import ExportedProgram
-from exportir.export.program.verifier import SpecViolationError, Verifier
+from exportir.export.program.verifier import SpecViolationError, TrainingIRVerifier, Verifier
 from exportir.export.serialize.common import (
     LIMITS,
     SerializationError,
@@ -732,7 +732,11 @@ def decode_torch_program(
     if any(isinstance(n.target, OpOverload) and (n.target._schema.is_mutable
                                                   or n.target in REWRITES)
            for n in gm.graph.nodes if n.op == "call_function"):
-        gm, signature = _functionalize(gm, signature)
+        functional = _functionalize(gm, signature)
+        if functional is None:  # only intermediates are written: re-trace (ours, as export)
+            return _retraced(gm, signature, state, range_constraints, call_graph, constants,
+                             where)
+        gm, signature = functional
     try:
         return ExportedProgram(root=gm, graph=gm.graph, graph_signature=signature,
                                state_dict=state, range_constraints=range_constraints,
@@ -742,6 +746,29 @@ def decode_torch_program(
         raise SerializationError(f"{where}: the program is not valid Export IR: {e}") from e
     except (TypeError, ValueError, KeyError, RuntimeError, AttributeError) as e:
         raise SerializationError(f"{where}: cannot rebuild the ExportedProgram "
+                                 f"({type(e).__name__}: {e})") from e
+
+
+def _retraced(gm: GraphModule, signature: ExportGraphSignature, state: dict, ranges: dict,
+              call_graph: list, constants: dict, where: str) -> ExportedProgram:
+    """A training-IR program whose in-place ops write only its own intermediates: re-traced
+    through our capture (``run_decompositions({})``), which functionalizes them as export
+    does (views of written tensors regenerated from their bases)."""
+    try:
+        training = ExportedProgram(root=gm, graph=gm.graph, graph_signature=signature,
+                                   state_dict=state, range_constraints=ranges,
+                                   module_call_graph=call_graph, example_inputs=None,
+                                   constants=constants, verifiers=[TrainingIRVerifier])
+        functional = training.run_decompositions({})
+        return ExportedProgram(root=functional.graph_module, graph=functional.graph,
+                               graph_signature=functional.graph_signature, state_dict=state,
+                               range_constraints=ranges,
+                               module_call_graph=functional.module_call_graph,
+                               example_inputs=None, constants=constants, verifiers=[Verifier])
+    except SpecViolationError as e:
+        raise SerializationError(f"{where}: the program is not valid Export IR: {e}") from e
+    except (TypeError, ValueError, KeyError, RuntimeError, AttributeError) as e:
+        raise SerializationError(f"{where}: cannot functionalize the program "
                                  f"({type(e).__name__}: {e})") from e
 
 
@@ -768,14 +795,17 @@ def _expose_batch_norm_updates(gm: GraphModule) -> None:
 
 
 def _functionalize(gm: GraphModule, signature: ExportGraphSignature
-                   ) -> tuple[GraphModule, ExportGraphSignature]:
-    """torch's training IR writes buffers / inputs in place: give each write a mutation output."""
+                   ) -> tuple[GraphModule, ExportGraphSignature] | None:
+    """torch's training IR writes buffers / inputs in place: give each write a mutation output
+    (``None`` when no input is written)."""
     kinds = {s.arg.name: s for s in signature.input_specs}
     inputs = list(signature.input_specs)
     try:
         fz, old_out = functionalize(gm.graph)
     except RuntimeError as e:
         raise SerializationError(f"cannot functionalize the program's in-place ops: {e}") from e
+    if not any(fz.version.get(old, 0) for old in fz.placeholders):
+        return None
     mutations, specs = [], []
     for old in fz.placeholders:
         if fz.version.get(old, 0) == 0:

@@ -797,13 +797,13 @@ def _expose_batch_norm_updates(gm: GraphModule) -> None:
 def _functionalize(gm: GraphModule, signature: ExportGraphSignature
                    ) -> tuple[GraphModule, ExportGraphSignature] | None:
     """torch's training IR writes buffers / inputs in place: give each write a mutation output
-    (``None`` when no input is written)."""
+    (``None`` when no input is written, or the pass cannot: the caller re-traces)."""
     kinds = {s.arg.name: s for s in signature.input_specs}
     inputs = list(signature.input_specs)
     try:
         fz, old_out = functionalize(gm.graph)
-    except RuntimeError as e:
-        raise SerializationError(f"cannot functionalize the program's in-place ops: {e}") from e
+    except RuntimeError:
+        return None  # (an in-place op the graph-level pass has no rule for): re-traced
     if not any(fz.version.get(old, 0) for old in fz.placeholders):
         return None
     mutations, specs = [], []

@@ -705,7 +705,7 @@ def _check_version(model: dict[str, Any], where: str) -> None:
 
 def decode_torch_program(
     model: Any, state: dict[str, torch.Tensor], constants: dict[str, Any],
-    where: str = "models/model.json",
+    where: str = "models/model.json", example_inputs: Any = None,
 ) -> ExportedProgram:
     """Our ExportedProgram for torch's serialized-program JSON object and its tensors."""
     root = as_dict(model, where)
@@ -735,12 +735,12 @@ def decode_torch_program(
         functional = _functionalize(gm, signature)
         if functional is None:  # only intermediates are written: re-trace (ours, as export)
             return _retraced(gm, signature, state, range_constraints, call_graph, constants,
-                             where)
+                             where, example_inputs)
         gm, signature = functional
     try:
         return ExportedProgram(root=gm, graph=gm.graph, graph_signature=signature,
                                state_dict=state, range_constraints=range_constraints,
-                               module_call_graph=call_graph, example_inputs=None,
+                               module_call_graph=call_graph, example_inputs=example_inputs,
                                constants=constants, verifiers=[Verifier])
     except SpecViolationError as e:
         raise SerializationError(f"{where}: the program is not valid Export IR: {e}") from e
@@ -750,7 +750,8 @@ def decode_torch_program(
 
 
 def _retraced(gm: GraphModule, signature: ExportGraphSignature, state: dict, ranges: dict,
-              call_graph: list, constants: dict, where: str) -> ExportedProgram:
+              call_graph: list, constants: dict, where: str, example_inputs: Any
+              ) -> ExportedProgram:
     """A training-IR program whose in-place ops write only its own intermediates: re-traced
     through our capture (``run_decompositions({})``), which functionalizes them as export
     does (views of written tensors regenerated from their bases)."""
@@ -764,7 +765,8 @@ def _retraced(gm: GraphModule, signature: ExportGraphSignature, state: dict, ran
                                graph_signature=functional.graph_signature, state_dict=state,
                                range_constraints=ranges,
                                module_call_graph=functional.module_call_graph,
-                               example_inputs=None, constants=constants, verifiers=[Verifier])
+                               example_inputs=example_inputs, constants=constants,
+                               verifiers=[Verifier])
     except SpecViolationError as e:
         raise SerializationError(f"{where}: the program is not valid Export IR: {e}") from e
     except (TypeError, ValueError, KeyError, RuntimeError, AttributeError) as e:

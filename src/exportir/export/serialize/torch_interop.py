@@ -53,9 +53,8 @@ def from_torch(ep: Any) -> ExportedProgram:
     if bad:
         raise SerializationError(f"constants[{bad[0]!r}]: a {type(constants[bad[0]]).__name__} "
                                  "(custom object); only tensor constants are read")
-    ours = decode_torch_program(model, dict(ep.state_dict), constants, "torch ExportedProgram")
-    ours._example_inputs = getattr(ep, "example_inputs", None)
-    return ours
+    return decode_torch_program(model, dict(ep.state_dict), constants, "torch ExportedProgram",
+                                getattr(ep, "example_inputs", None))
 
 
 def as_exported_program(obj: Any, who: str) -> ExportedProgram:

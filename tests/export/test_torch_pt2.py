@@ -211,6 +211,7 @@ def test_from_torch_and_entry_points_take_torch_programs(tmp_path):
     expected = em.build(entry)[0](*_clone(args))
     ours = exportir.from_torch(tep)
     assert isinstance(ours, exportir.ExportedProgram)
+    assert ours.example_inputs is not None  # an object's examples carry over (files': pickled)
     assert any(s.kind.name == "BUFFER_MUTATION" for s in ours.graph_signature.output_specs)
     _close(ours.module()(*_clone(args)), expected)
     # to_edge / to_edge_transform_and_lower / save accept torch's program directly

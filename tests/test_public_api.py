@@ -16,6 +16,7 @@ EXPECTED_ALL = {
     "unflatten",
     "save",
     "load",
+    "from_torch",
     "register_dataclass",
     "ExportedProgram",
     "ExportGraphSignature",

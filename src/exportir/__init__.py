@@ -19,6 +19,7 @@ _LAZY: dict[str, str] = {
     "unflatten": "exportir.export",
     "save": "exportir.export",
     "load": "exportir.export",
+    "from_torch": "exportir.export.serialize.torch_interop",
     "register_dataclass": "exportir.pytree",
     "ExportedProgram": "exportir.export",
     "ExportGraphSignature": "exportir.export",

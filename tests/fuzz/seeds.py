@@ -144,3 +144,29 @@ def pt2_seeds() -> dict[str, bytes]:
             exportir.save(exportir.export(model, args, dynamic_shapes=shapes), buffer)
             seeds[name] = buffer.getvalue()
     return seeds
+
+
+def _torch_dims(shapes: dict | None) -> dict | None:
+    """The same ``dynamic_shapes`` with torch.export's ``Dim`` objects."""
+    import torch.export as texport
+
+    if shapes is None:
+        return None
+    return {k: None if v is None else
+            {d: texport.Dim(dim.__name__, min=dim.min, max=dim.max) for d, dim in v.items()}
+            for k, v in shapes.items()}
+
+
+def torch_pt2_seeds() -> dict[str, bytes]:
+    """The same models exported and saved by torch (torch.export.export / save: training IR,
+    pickled sample inputs), for the .pt2 reader."""
+    import torch.export as texport
+
+    seeds = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, (model, args, shapes) in _pt2_models().items():
+            buffer = io.BytesIO()
+            texport.save(texport.export(model, args, dynamic_shapes=_torch_dims(shapes)), buffer)
+            seeds[name] = buffer.getvalue()
+    return seeds

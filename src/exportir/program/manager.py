@@ -28,6 +28,7 @@ from typing import Any
 from exportir.dialects.edge.config import CONFIG_META_KEY, EdgeCompileConfig
 from exportir.dialects.edge.verifier import EdgeVerifier
 from exportir.export.program.exported_program import ExportedProgram, default_decompositions
+from exportir.export.serialize.torch_interop import from_torch, is_torch_program
 from exportir.export.signature import ExportGraphSignature
 from exportir.passes.edge_decompositions import edge_decompositions
 from exportir.passes.scalar_to_tensor import scalar_to_tensor
@@ -45,7 +46,10 @@ def _as_methods(
 ) -> dict[str, ExportedProgram]:
     if isinstance(programs, ExportedProgram):
         return {_DEFAULT_METHOD: programs}
+    if is_torch_program(programs):  # torch.export's: converted (exportir.from_torch)
+        return {_DEFAULT_METHOD: from_torch(programs)}
     if isinstance(programs, Mapping) and programs:
+        programs = {k: from_torch(v) if is_torch_program(v) else v for k, v in programs.items()}
         bad = {
             k: type(v).__name__ for k, v in programs.items() if not isinstance(v, ExportedProgram)
         }
@@ -56,8 +60,8 @@ def _as_methods(
             f"got non-programs {bad}"
         )
     raise TypeError(
-        f"{caller} takes an ExportedProgram (from exportir.export) or a non-empty dict of "
-        f"method name -> ExportedProgram; got {type(programs).__name__}"
+        f"{caller} takes an ExportedProgram (from exportir.export or torch.export.export) or a "
+        f"non-empty dict of method name -> ExportedProgram; got {type(programs).__name__}"
     )
 
 

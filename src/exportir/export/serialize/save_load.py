@@ -32,6 +32,7 @@ from exportir.export.serialize.archive import (
     Archive,
     ArchiveLimitError,
     ArchiveLimits,
+    _seekable,
     write_archive,
 )
 from exportir.export.serialize.common import (
@@ -62,6 +63,12 @@ from exportir.export.serialize.program import (
 )
 from exportir.export.serialize.symbolic import decode_shape_env, encode_shape_env, shape_env_of
 from exportir.export.serialize.tensors import decode_tensors, encode_tensors
+from exportir.export.serialize.torch_archive import (
+    is_torch_archive,
+    load_torch_archive,
+    save_torch_archive,
+)
+from exportir.export.serialize.torch_interop import as_exported_program, is_torch_program
 from exportir.export.signature import ExportGraphSignature, InputKind
 from exportir.fx.graph_module import GraphModule
 
@@ -144,6 +151,7 @@ def save(
     extra_files: dict[str, Any] | None = None,
     opset_version: dict[str, int] | None = None,
     pickle_protocol: int = 2,
+    format: str = "exportir",
 ) -> None:
     """Save ``ep`` to the path or binary file ``f`` (same signature as ``torch.export.save``).
 
@@ -152,11 +160,25 @@ def save(
     format uses no pickle; ``pickle_protocol`` is accepted for source compatibility and ignored.
     Raises :class:`SerializationError` if the program holds something the format cannot
     represent (naming the node or field).
+
+    ``format="exportir"`` (the default) writes our own format; ``format="torch"`` writes the
+    .pt2 archive ``torch.export.save`` writes, which ``torch.export.load`` reads (see
+    docs/export.md, "torch .pt2 interop"). ``ep`` may also be a torch.export.ExportedProgram
+    (converted with :func:`exportir.from_torch`).
     """
     del pickle_protocol  # nothing is pickled
-    if not isinstance(ep, ExportedProgram):
-        raise TypeError(f"The 'ep' parameter must be an instance of 'ExportedProgram', got "
-                        f"'{type(ep).__name__}' instead.")
+    if format not in ("exportir", "torch"):
+        raise ValueError(f"format={format!r} is not a program format; use format='exportir' "
+                         "(the default, our pickle-free format) or format='torch' (the .pt2 "
+                         "that torch.export.load reads)")
+    if not (isinstance(ep, ExportedProgram) or is_torch_program(ep)):
+        raise TypeError(f"The 'ep' parameter must be an instance of 'ExportedProgram' (an "
+                        f"exportir ExportedProgram from exportir.export, or a "
+                        f"torch.export.ExportedProgram), got '{type(ep).__name__}' instead.")
+    ep = as_exported_program(ep, "exportir.save")
+    if format == "torch":
+        save_torch_archive(ep, f, extra_files=extra_files, opset_version=opset_version)
+        return
     extra, kinds = _extra_members(extra_files)
     opset = {**_default_opset(), **(opset_version or {})}
     program, tensors = _encode_program(ep, opset, kinds)
@@ -290,7 +312,15 @@ def load(
     asks for more than ``limits`` allow: deflated members inflating beyond
     ``max_inflated_bytes``, JSON beyond ``max_json_bytes``); ``FileNotFoundError`` if ``f`` is
     a path that does not exist.
+
+    A .pt2 written by ``torch.export.save`` is recognised (by its ``archive_format`` member)
+    and read without unpickling anything (docs/export.md, "torch .pt2 interop").
     """
+    if not isinstance(f, (str, os.PathLike)):
+        f = _seekable(f)
+    if is_torch_archive(f):
+        return load_torch_archive(f, extra_files=extra_files, limits=limits,
+                                  expected_opset_version=expected_opset_version)
     with Archive(f, limits) as ar:
         try:
             ep, extra_raw = _decode(ar, expected_opset_version)

@@ -66,6 +66,12 @@ _HEAD_OF: dict[type, str] = {
     sympy.StrictGreaterThan: ">", sympy.GreaterThan: ">=",
     sympy.And: "and", sympy.Or: "or", sympy.Not: "not",
 }  # fmt: skip
+# torch's own sympy classes (torch.utils._sympy.functions), met in exportir.from_torch
+_HEAD_BY_NAME: dict[str, str] = {
+    "FloorDiv": "//", "PythonMod": "%", "Mod": "%", "IntTrueDiv": "/", "ToFloat": "float",
+    "TruncToInt": "trunc", "RoundToInt": "round", "IntInfinity": "oo",
+    "NegativeIntInfinity": "-oo",
+}  # fmt: skip
 _ASSUMPTIONS: dict[str, dict[str, bool]] = {  # as ShapeEnv creates them, by name prefix
     "s": {"integer": True, "positive": True},
     "u": {"integer": True},
@@ -92,7 +98,9 @@ def encode_expr(expr: Any, where: str) -> Any:
         if not _NAME.match(expr.name):
             fail(where, f"cannot save symbol {expr.name!r:.40} (not a shape symbol)")
         return expr.name
-    head = _HEAD_OF.get(type(expr))
+    head = _HEAD_OF.get(type(expr)) or _HEAD_BY_NAME.get(type(expr).__name__)
+    if head in ("oo", "-oo"):
+        return head
     if head is None:
         fail(where, f"cannot save symbolic expression {expr!s:.80} ({type(expr).__name__} is "
                     f"not one of the saved heads {sorted(_HEADS)})")

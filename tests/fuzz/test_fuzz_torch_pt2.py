@@ -1,0 +1,55 @@
+"""Structure-aware fuzzing of torch.export's .pt2 archives (``torch.export.save``): mutants of
+torch-written files (torch_pt2_files.py) loaded with ``exportir.load`` and run through
+``ep.module()`` in child processes under resource limits. Every outcome must be a
+SerializationError, or a program that loads (torch's files keep their example inputs pickled,
+which exportir skips, so a loaded mutant is not run): never a crash, a hang, another exception
+type or an unbounded allocation. The unmutated seeds include cond, map, while_loop, dynamic and
+unbacked sizes, and every one must load.
+
+``make test`` runs a fixed seed and a few cases; ``make fuzz`` runs many
+(``EXPORTIR_FUZZ_CASES``, ``EXPORTIR_FUZZ_SEED``)."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+from harness import findings, run_cases, summary
+from torch_pt2_files import mutate
+
+CASES = int(os.environ.get("EXPORTIR_FUZZ_CASES", "24"))
+SEED = int(os.environ.get("EXPORTIR_FUZZ_SEED", "1729"))
+
+
+@pytest.fixture(scope="module")
+def torch_seed_files() -> dict[str, bytes]:
+    from seeds import torch_pt2_seeds
+
+    return torch_pt2_seeds()
+
+
+@pytest.mark.slow  # ~90 s: torch exports and saves the seeds, children import torch
+def test_mutated_torch_pt2_files(tmp_path, torch_seed_files):
+    rng = random.Random(SEED)
+    names = sorted(torch_seed_files)
+    files, notes = [], []
+    for name in names:
+        path = tmp_path / f"seed-{name}.pt2"
+        path.write_bytes(torch_seed_files[name])
+        files.append(path)
+        notes.append(f"{name}: unmutated")
+    for i in range(CASES):
+        name = names[i % len(names)]
+        data, note = mutate(torch_seed_files[name], rng)
+        path = tmp_path / f"case{i:05d}-{name}.pt2"
+        path.write_bytes(data)
+        files.append(path)
+        notes.append(f"{name}: {note}")
+    results = run_cases("pt2", files, tmp_path)
+    print(f"\nseed {SEED}, {CASES} mutants: {summary(results)}")
+    for r in results[: len(names)]:
+        assert r.outcome in ("ran", "ran-unchecked"), (notes[r.case], r.outcome, r.detail)
+    found = findings("pt2", results, files, notes)
+    assert not found, "\n\n".join(found)
+    assert any(r.outcome == "refused" for r in results[len(names):]), "no mutant was refused"

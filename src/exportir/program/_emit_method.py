@@ -51,6 +51,8 @@ class ProgramBuilder:
         self.delegates: list[schema.Delegate] = []
         self._constant_index: dict[bytes, int] = {}
         self._delegate_index: dict[tuple[Any, ...], int] = {}
+        # names of the buffers every method keeps as one shared state (EmitConfig)
+        self.shared: frozenset[str] = frozenset()
 
     def constant(self, data: bytes) -> int:
         key = hashlib.sha256(data).digest()
@@ -756,7 +758,7 @@ class MethodEmitter:
         kind = spec.kind.name
         if kind in _CONSTANT_KINDS:
             t = self.state_tensor(spec.target)
-            if spec.target in mutated:
+            if spec.target in mutated or spec.target in self.program.shared:
                 ref = self.new_tensor(t, node.name)
                 self.values[ref].initial = self.program.constant(tensor_bytes(t))
                 self.whole_method.append(ref)
@@ -846,9 +848,12 @@ class MethodEmitter:
             if isinstance(v, _PendingTensor) and v.bounded
         }
         names = {i: v.name for i, v in enumerate(self.values) if isinstance(v, _PendingTensor)}
+        shared = {ref: name for name, ref in self.state_value.items()
+                  if name in self.program.shared}
         plan = planning.plan_method(
             self.values, self.instructions, planned, outputs=outputs,
             whole_method=self.whole_method, names=names, alignment=self.config.alignment,
+            arena_of=dict.fromkeys(shared, 1),
         )
         values = tuple(_finalize(v, plan, i) for i, v in enumerate(self.values))
         ops = tuple(sorted(self.operators, key=self.operators.__getitem__))
@@ -868,6 +873,8 @@ class MethodEmitter:
             out_spec=_spec_json(self.ep, 1),
             symbols=symbols,
             input_dims=input_dims,
+            shared_state=tuple(schema.SharedState(name, ref)
+                               for ref, name in sorted(shared.items(), key=lambda e: e[1])),
         )
 
 

@@ -45,6 +45,10 @@ without views; 3 added loops (jumps back), a 2.x file is a valid 3.x file withou
 MINOR_VERSIONS: dict[int, int] = {1: 0, 2: 1, 3: 0}
 """The minor version written with each major version."""
 
+SHARED_STATE_MINOR: dict[int, int] = {2: 2, 3: 1}
+"""The minor version written when some method shares state (``Method.shared_state``): 2.2 / 3.1
+(older readers would run such a file with one state per method)."""
+
 
 class ScalarType(IntEnum):
     """Tensor element types, numbered as c10::ScalarType (and ExecuTorch) number them."""
@@ -388,6 +392,17 @@ class DimSize:
 
 
 @dataclass(frozen=True, slots=True)
+class SharedState:
+    """A mutable buffer shared between methods (since 2.2): value ``value`` of the method is the
+    program's one state tensor named ``name`` (the buffer's fully-qualified name). Every method
+    naming ``name`` reads and writes the same memory, kept across calls of any of them; it is
+    initialised once per loaded program, from the ``initial`` of the first method prepared."""
+
+    name: str
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
 class Method:
     name: str
     values: tuple[EValue, ...]
@@ -407,6 +422,8 @@ class Method:
     # (a 2.0 file), only the upper bounds of ``sizes`` are checked.
     symbols: tuple[SymbolRange, ...] = ()
     input_dims: tuple[tuple[DimSize | None, ...], ...] = ()
+    # Since 2.2: mutable buffers this method shares with the program's other methods.
+    shared_state: tuple[SharedState, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import mmap
 import sys
 import warnings

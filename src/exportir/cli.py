@@ -361,6 +361,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true",
                    help="skip the data segment checksum (the structure is still validated)")
     p.set_defaults(func=cmd_run)
+
+    from exportir.cli_generate import register as register_generate
+
+    register_generate(sub)
     return parser
 
 

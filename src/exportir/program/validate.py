@@ -493,6 +493,8 @@ def _check_shared_state(program: schema.Program) -> None:
             other = seen[1]
             if (other.dtype, other.sizes, other.dim_order) != (t.dtype, t.sizes, t.dim_order):
                 raise _fail(
-                    f"shared state {entry.name!r} is {t.dtype.name}{list(t.sizes)} here and "
-                    f"{other.dtype.name}{list(other.sizes)} in methods[{seen[0]}]",
+                    f"shared state {entry.name!r} is {schema.TORCH_DTYPE_NAME[t.dtype]}"
+                    f"{list(t.sizes)} here and {schema.TORCH_DTYPE_NAME[other.dtype]}"
+                    f"{list(other.sizes)} in methods[{seen[0]}]: one shared tensor needs one "
+                    "dtype, shape and layout",
                     f"methods[{i}].shared_state[{k}]")

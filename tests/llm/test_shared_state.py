@@ -4,6 +4,10 @@ on a hand-written decoder with its cache in registered buffers."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import pathlib
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -17,6 +21,7 @@ from exportir.program.validate import ProgramLoadError
 from exportir.runtime import Program, generate, llm_info
 
 PROMPT = [5, 9, 33, 2, 17]
+SRC = str(pathlib.Path(__file__).resolve().parents[2] / "src")
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +48,18 @@ def test_generate_equals_eager(toy_program):
     assert list(generate(program, PROMPT, 10, stop_at_eos=False)) == expected
     # a second call starts a new sequence (reset_state), and gives the same tokens
     assert list(generate(program, PROMPT, 10, stop_at_eos=False)) == expected
+
+
+def test_generate_command_in_a_fresh_process(toy_program, tmp_path):
+    path = tmp_path / "toy.xpt"
+    path.write_bytes(toy_program)
+    cmd = [sys.executable, "-m", "exportir.cli", "generate", str(path), "--prompt-ids",
+           ",".join(map(str, PROMPT)), "--max-new-tokens", "6", "--ignore-eos", "--timing"]
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": SRC})
+    assert done.returncode == 0, done.stderr
+    assert [int(t) for t in done.stdout.split()] == eager_greedy(toy_lm(), PROMPT, 6)
+    assert "decode" in done.stderr and "tokens/s" in done.stderr
 
 
 def test_long_prompt_prefills_in_blocks(toy_program):

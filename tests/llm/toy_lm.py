@@ -23,10 +23,11 @@ class ToyLM(torch.nn.Module):
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)
+        input_pos = input_pos.to(self.k_cache.device)  # a model built on meta keeps its cache there
         self.k_cache.index_copy_(1, input_pos, self.k(x))
         self.v_cache.index_copy_(1, input_pos, self.v(x))
         scores = self.q(x) @ self.k_cache.transpose(1, 2) / math.sqrt(x.shape[-1])
-        visible = torch.arange(self.max_seq)[None, :] <= input_pos[:, None]
+        visible = torch.arange(self.max_seq, device=x.device)[None, :] <= input_pos[:, None]
         scores = scores.masked_fill(~visible, float("-inf"))
         h = self.norm(scores.softmax(-1) @ self.v_cache + x)
         return self.out(h)

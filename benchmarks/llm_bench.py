@@ -41,49 +41,67 @@ sys.path.insert(0, str(ROOT / "tests"))
 PROMPT_LEN = 64
 
 
-def llama_config(quick: bool) -> Any:
-    from corpus import real_models as rm
-
-    tf = rm._tf()
-    dims = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                num_attention_heads=8, num_key_value_heads=4, vocab_size=4096) if quick else dict(
-        hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8,
-        num_key_value_heads=4, vocab_size=8192)
-    c = tf.LlamaConfig(**dims, max_position_embeddings=1024, tie_word_embeddings=False)
-    c.use_cache = True
-    return c
+SIZES = {  # (quick, full)
+    "vocab": (4096, 8192), "dim": (256, 512), "hidden": (768, 1536), "layers": (4, 8),
+    "heads": (8, 8), "kv_heads": (4, 4),
+}
 
 
-def build(config: Any, max_cache: int, scheme: str, side: str) -> torch.nn.Module:
-    """The static-cache module of a fixed-seed Llama, quantized for ``side``."""
+def size(name: str, quick: bool) -> int:
+    return SIZES[name][0 if quick else 1]
+
+
+def build_hf(quick: bool, max_cache: int) -> torch.nn.Module:
+    """transformers' Llama in its static-cache export wrapper (fixed seed)."""
     from corpus import real_models as rm
     from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
+    c = rm._tf().LlamaConfig(
+        vocab_size=size("vocab", quick), hidden_size=size("dim", quick),
+        intermediate_size=size("hidden", quick), num_hidden_layers=size("layers", quick),
+        num_attention_heads=size("heads", quick), num_key_value_heads=size("kv_heads", quick),
+        max_position_embeddings=1024, tie_word_embeddings=False)
+    c.use_cache = True
     torch.manual_seed(0)
-    lm = rm._tf().LlamaForCausalLM(config).eval()
+    lm = rm._tf().LlamaForCausalLM(c).eval()
     lm.generation_config.cache_implementation = "static"
+    return TorchExportableModuleWithStaticCache(lm, batch_size=1, max_cache_len=max_cache)
+
+
+def build_mini(quick: bool, max_cache: int, scheme: str, side: str) -> torch.nn.Module:
+    """The plain-module Llama of the same sizes, quantized for ``side``."""
+    from _mini_llama import MiniLlama
+
+    torch.manual_seed(0)
+    model = MiniLlama(size("vocab", quick), size("dim", quick), size("hidden", quick),
+                      size("layers", quick), size("heads", quick), size("kv_heads", quick),
+                      max_cache).eval()
+    for p in model.parameters():  # ExecuTorch's lowering refuses in-place cache writes otherwise
+        p.requires_grad_(False)
     if scheme != "fp32" and side == "exportir":
         from exportir.quantization import int4_weight_only, int8_weight_only, quantize_
 
-        quantize_(lm, int8_weight_only() if scheme == "int8" else int4_weight_only(group_size=32))
+        quantize_(model, int8_weight_only() if scheme == "int8"
+                  else int4_weight_only(group_size=32))
     elif scheme != "fp32":
         from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
         from torchao.quantization.granularity import PerAxis, PerGroup
 
         weight = torch.int8 if scheme == "int8" else torch.int4
         granularity = PerAxis(0) if scheme == "int8" else PerGroup(32)
-        quantize_(lm, Int8DynamicActivationIntxWeightConfig(weight_dtype=weight,
-                                                            weight_granularity=granularity))
-    return TorchExportableModuleWithStaticCache(lm, batch_size=1, max_cache_len=max_cache)
+        quantize_(model, Int8DynamicActivationIntxWeightConfig(weight_dtype=weight,
+                                                               weight_granularity=granularity))
+    return model
 
 
-def compile_ours(module: torch.nn.Module, max_cache: int, path: Path) -> float:
+def compile_ours(module: torch.nn.Module, max_cache: int, path: Path, plain: bool) -> float:
     from exportir.backends.fused_cpu import FusedCpuPartitioner
     from exportir.program.llm import export_llm
 
     start = time.perf_counter()
+    names = {"token_arg": None, "position_arg": None} if plain else {}
     export_llm(module, max_seq_len=max_cache, max_prefill=PROMPT_LEN,
-               partitioner=[FusedCpuPartitioner()]).save(path)
+               partitioner=[FusedCpuPartitioner()], **names).save(path)
     return time.perf_counter() - start
 
 
@@ -91,9 +109,7 @@ def compile_et(module: torch.nn.Module, prefix: Path) -> float:
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    from exportir.program.llm import LLMStep
-
-    step = LLMStep(module).eval()
+    step = module
     start = time.perf_counter()
     with torch.no_grad():
         decode = torch.export.export(step, (torch.zeros(1, 1, dtype=torch.long),
@@ -113,9 +129,10 @@ def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_ours(path: str, tokens: int) -> dict[str, float]:
+def run_ours(path: str, tokens: int, threads: int) -> dict[str, float]:
     from exportir.runtime import Program
 
+    torch.set_num_threads(threads)
     program = Program.load(path)
     prefill, decode = program.method("prefill"), program.method("decode")
     prompt = torch.randint(0, 100, (1, PROMPT_LEN))
@@ -126,9 +143,12 @@ def run_ours(path: str, tokens: int) -> dict[str, float]:
     return _decode_loop(lambda t, p: decode.execute([t, p])[0], logits, tokens, prefill_s)
 
 
-def run_et(prefix: str, tokens: int) -> dict[str, float]:
+def run_et(prefix: str, tokens: int, threads: int) -> dict[str, float]:
+    from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
     from executorch.runtime import Runtime
 
+    torch.set_num_threads(threads)
+    _unsafe_reset_threadpool(threads)  # XNNPACK's own pool
     runtime = Runtime.get()
     prefill = runtime.load_program(Path(f"{prefix}.prefill.pte").read_bytes()).load_method("forward")
     decode = runtime.load_program(Path(f"{prefix}.decode.pte").read_bytes()).load_method("forward")
@@ -151,13 +171,50 @@ def _decode_loop(step: Any, logits: torch.Tensor, tokens: int, prefill_s: float)
     return {"prefill_ms": 1000 * prefill_s, "decode_tps": tokens / elapsed, "rss_mib": _rss_mib()}
 
 
-def child(kind: str, path: str, tokens: int) -> dict[str, float]:
+def child(kind: str, path: str, tokens: int, threads: int) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT / 'tests'}"}
-    cmd = [sys.executable, __file__, "--child", kind, path, "--tokens", str(tokens)]
+    cmd = [sys.executable, __file__, "--child", kind, path, "--tokens", str(tokens),
+           "--threads", str(threads)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, check=False)
     if done.returncode != 0:
         raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr else "failed")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _row(model: str, scheme: str, side: str, make: Any, tmp: Path, max_cache: int, tokens: int,
+         threads: int) -> dict[str, dict[str, float]]:
+    try:
+        module = make()
+        path = tmp / f"{model}-{scheme}-{side}"
+        if side == "exportir":
+            path = path.with_suffix(".xpt")
+            seconds = compile_ours(module, max_cache, path, plain=model == "mini")
+        else:
+            seconds = compile_et(module, path)
+        r = {**child(side, str(path), tokens, threads), "compile_s": seconds}
+    except Exception as e:  # noqa: BLE001 - reported as the row's result
+        print(f"{model:6} {scheme:6} {side:10} FAILED: {type(e).__name__}: {str(e)[:200]}",
+              flush=True)
+        return {}
+    print(f"{model:6} {scheme:6} {side:10} {r['compile_s']:9.1f} {r['prefill_ms']:10.2f} "
+          f"{r['decode_tps']:12.1f} {r['rss_mib']:12.0f}", flush=True)
+    return {side: r}
+
+
+def eager_rates(module: torch.nn.Module, tokens: int, plain: bool) -> dict[str, float]:
+    """The model run eagerly (no_grad) with the same protocol, in this process."""
+    def call(t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        if plain:
+            return module(t, p)
+        return module(input_ids=t, cache_position=p)[:, -1, :]
+
+    prompt = torch.randint(0, 100, (1, PROMPT_LEN))
+    with torch.no_grad():
+        call(prompt, torch.arange(PROMPT_LEN))
+        start = time.perf_counter()
+        logits = call(prompt, torch.arange(PROMPT_LEN))
+        prefill_s = time.perf_counter() - start
+        return _decode_loop(call, logits, tokens, prefill_s)
 
 
 # ------------------------------------------------------------------------------ 7B meta export
@@ -199,45 +256,48 @@ def main() -> None:
     parser.add_argument("--skip-7b", action="store_true")
     parser.add_argument("--schemes", default="fp32,int8,int4")
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="threads of both runtimes (default 1: the machine is shared)")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
     ns = parser.parse_args()
     warnings.filterwarnings("ignore")
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     if ns.child:
         kind, path = ns.child
-        print(json.dumps((run_ours if kind == "exportir" else run_et)(path, ns.tokens)))
+        run = run_ours if kind == "exportir" else run_et
+        print(json.dumps(run(path, ns.tokens, ns.threads)))
         return
     tokens = 16 if ns.quick else ns.tokens
-    config = llama_config(ns.quick)
     max_cache = PROMPT_LEN + tokens + 8
-    print(f"Llama hidden={config.hidden_size} layers={config.num_hidden_layers} "
-          f"vocab={config.vocab_size}; prompt {PROMPT_LEN} tokens, {tokens} decoded; "
-          f"torch threads {torch.get_num_threads()}")
-    print(f"{'scheme':8} {'side':10} {'compile s':>9} {'prefill ms':>10} {'decode tok/s':>12} "
-          f"{'peak RSS MiB':>12}  ratio ours/ET (decode tok/s)")
+    torch.set_num_threads(ns.threads)
+    print(f"Llama dim={size('dim', ns.quick)} layers={size('layers', ns.quick)} "
+          f"vocab={size('vocab', ns.quick)}; prompt {PROMPT_LEN} tokens, {tokens} decoded; "
+          f"{ns.threads} thread(s) per runtime")
+    print(f"{'model':6} {'scheme':6} {'side':10} {'compile s':>9} {'prefill ms':>10} "
+          f"{'decode tok/s':>12} {'peak RSS MiB':>12}")
     with tempfile.TemporaryDirectory() as tmp:
         for scheme in ns.schemes.split(","):
             results: dict[str, dict[str, float]] = {}
             for side in ("exportir", "executorch"):
-                try:
-                    module = build(config, max_cache, scheme, side)
-                    path = Path(tmp) / f"{scheme}-{side}"
-                    if side == "exportir":
-                        path = path.with_suffix(".xpt")
-                        seconds = compile_ours(module, max_cache, path)
-                    else:
-                        seconds = compile_et(module, path)
-                    r = results[side] = {**child(side, str(path), tokens), "compile_s": seconds}
-                    print(f"{scheme:8} {side:10} {r['compile_s']:9.1f} {r['prefill_ms']:10.2f} "
-                          f"{r['decode_tps']:12.1f} {r['rss_mib']:12.0f}", flush=True)
-                except Exception as e:  # noqa: BLE001 - reported as the row's result
-                    print(f"{scheme:8} {side:10} FAILED: {type(e).__name__}: {str(e)[:200]}",
-                          flush=True)
+                results.update(_row("mini", scheme, side, lambda s=scheme, d=side: build_mini(
+                    ns.quick, max_cache, s, d), Path(tmp), max_cache, tokens, ns.threads))
+            eager = eager_rates(build_mini(ns.quick, max_cache, "fp32", "eager"), tokens, True)
+            if scheme == "fp32":
+                print(f"{'mini':6} {scheme:6} {'eager':10} {'':9} {eager['prefill_ms']:10.2f} "
+                      f"{eager['decode_tps']:12.1f}")
             if len(results) == 2:
-                ratio = results["exportir"]["decode_tps"] / results["executorch"]["decode_tps"]
-                pre = results["executorch"]["prefill_ms"] / results["exportir"]["prefill_ms"]
-                print(f"{scheme:8} ratio: decode tok/s ours/ET {ratio:.2f}x (target >= 1.0), "
-                      f"prefill speed ours/ET {pre:.2f}x", flush=True)
+                ours, et = results["exportir"], results["executorch"]
+                print(f"{'mini':6} {scheme:6} ratio ours/ET: decode tok/s "
+                      f"{ours['decode_tps'] / et['decode_tps']:.2f}x (target >= 1.0), prefill "
+                      f"speed {et['prefill_ms'] / ours['prefill_ms']:.2f}x, peak RSS "
+                      f"{ours['rss_mib'] / et['rss_mib']:.2f}x", flush=True)
+        hf = _row("hf", "fp32", "exportir", lambda: build_hf(ns.quick, max_cache), Path(tmp),
+                  max_cache, tokens, ns.threads)
+        eager = eager_rates(build_hf(ns.quick, max_cache), tokens, False)
+        print(f"{'hf':6} {'fp32':6} {'eager':10} {'':9} {eager['prefill_ms']:10.2f} "
+              f"{eager['decode_tps']:12.1f}")
+        if hf:
+            print(f"{'hf':6} fp32   ratio ours/eager: decode tok/s "
+                  f"{hf['exportir']['decode_tps'] / eager['decode_tps']:.2f}x")
     if not ns.skip_7b:
         try:
             r = seven_b()

@@ -71,7 +71,7 @@ class Block(nn.Module):
 
 
 class MiniLlama(nn.Module):
-    """``forward(tokens int64[1, T], input_pos int64[T]) -> logits of the last token [1, V]``."""
+    """``forward(tokens int64[1, T], input_pos int64[T]) -> logits of the last token [1, 1, V]``."""
 
     def __init__(self, vocab: int, dim: int, hidden: int, layers: int, heads: int,
                  kv_heads: int, max_seq: int) -> None:
@@ -95,4 +95,4 @@ class MiniLlama(nn.Module):
         mask = torch.arange(self.max_seq)[None, :] <= input_pos[:, None]
         for layer in self.layers:
             x = layer(x, input_pos, cos, sin, mask)
-        return self.output(self.norm(x[:, -1:, :]))[:, -1, :]
+        return self.output(self.norm(x[:, -1:, :]))

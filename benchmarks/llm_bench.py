@@ -150,8 +150,10 @@ def run_et(prefix: str, tokens: int, threads: int) -> dict[str, float]:
     torch.set_num_threads(threads)
     _unsafe_reset_threadpool(threads)  # XNNPACK's own pool
     runtime = Runtime.get()
-    prefill = runtime.load_program(Path(f"{prefix}.prefill.pte").read_bytes()).load_method("forward")
-    decode = runtime.load_program(Path(f"{prefix}.decode.pte").read_bytes()).load_method("forward")
+    # the programs view these bytes: keep them alive while the methods run
+    data = {n: Path(f"{prefix}.{n}.pte").read_bytes() for n in ("prefill", "decode")}
+    prefill = runtime.load_program(data["prefill"]).load_method("forward")
+    decode = runtime.load_program(data["decode"]).load_method("forward")
     prompt = torch.randint(0, 100, (1, PROMPT_LEN))
     prefill.execute([prompt, torch.arange(PROMPT_LEN)])
     start = time.perf_counter()

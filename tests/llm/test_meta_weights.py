@@ -38,6 +38,8 @@ def test_meta_model_runs_after_attaching_its_checkpoint(tmp_path):
     assert {"model.k_cache", "model.v_cache"} <= set(pm.deferred_weights)
     with pytest.raises(ValueError, match="meta tensors at export.*attach_weights"):
         pm.buffer  # noqa: B018
+    with pytest.raises(ValueError, match=r"constants\[\d+\].*attach_weights"):
+        Program.from_schema(pm.program)
     pm.attach_weights(path)
     assert pm.deferred_weights == []
     got = list(generate(Program.load(pm.buffer), PROMPT, 8, stop_at_eos=False))

@@ -97,6 +97,12 @@ class Program:
         # calls of methods sharing state run one at a time under _shared_lock
         self._shared: dict[str, torch.Tensor] = {}
         self._shared_lock = threading.Lock()
+        for i, c in enumerate(program.constants):  # a program still waiting for its weights
+            if not isinstance(c.data, (bytes, bytearray, memoryview)):
+                raise ProgramLoadError(
+                    f"constant buffer {i} has no data ({type(c.data).__name__}); a program "
+                    "exported on the meta device needs ProgramManager.attach_weights(...) first",
+                    f"constants[{i}]")
         typecheck.check_program(program, self.kernels, limits)
         self._init_delegates()
 

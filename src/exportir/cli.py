@@ -577,6 +577,9 @@ def build_parser() -> argparse.ArgumentParser:
     from exportir.viewer.cli import add_parser as add_view_parser
 
     add_view_parser(sub)
+    from exportir.cli_generate import register as register_generate
+
+    register_generate(sub)
     return parser
 
 

@@ -91,6 +91,13 @@ def _encode_input_sizes(m: schema.Method) -> dict[str, Any]:
     }
 
 
+def _encode_shared_state(m: schema.Method) -> dict[str, Any]:
+    """The 2.2 key, written only when the method shares state."""
+    if not m.shared_state:
+        return {}
+    return {"shared_state": [[s.name, s.value] for s in m.shared_state]}
+
+
 def _encode_nodes(m: schema.Method) -> dict[str, Any]:
     """The 2.2 debug node table, written only when the method has one."""
     if not m.nodes:
@@ -100,7 +107,7 @@ def _encode_nodes(m: schema.Method) -> dict[str, Any]:
 
 
 def encode_method(m: schema.Method) -> dict[str, Any]:
-    return _encode_input_sizes(m) | _encode_nodes(m) | {
+    return _encode_input_sizes(m) | _encode_nodes(m) | _encode_shared_state(m) | {
         "name": m.name,
         "values": [encode_value(v) for v in m.values],
         "inputs": list(m.inputs),
@@ -393,12 +400,22 @@ def _decode_nodes(d: dict[str, Any], path: str) -> tuple[schema.DebugNode, ...]:
                  for i, v in enumerate(_list(d.get("nodes", []), field)))
 
 
+def _decode_shared_state(x: Any, path: str) -> tuple[schema.SharedState, ...]:
+    entries = []
+    for i, e in enumerate(_list(x, path)):
+        a = _list(e, f"{path}[{i}]", 2)
+        entries.append(schema.SharedState(_str(a[0], f"{path}[{i}].name"),
+                                          _nat(a[1], f"{path}[{i}].value")))
+    return tuple(entries)
+
+
 def decode_method(x: Any, path: str) -> schema.Method:
     d = _dict(x, path, _METHOD_KEYS)
     plan = _list(d["plan"], f"{path}.plan", 3)
     return schema.Method(
         **_decode_input_sizes(d, path),
         nodes=_decode_nodes(d, path),
+        shared_state=_decode_shared_state(d.get("shared_state", []), f"{path}.shared_state"),
         name=_str(d["name"], f"{path}.name"),
         values=tuple(_fast_tensor(v) or decode_value(v, f"{path}.values[{i}]")
                      for i, v in enumerate(_list(d["values"], f"{path}.values"))),

@@ -21,6 +21,7 @@ from exportir.program._debug_nodes import DebugNodes
 from exportir.program._emit_loops import LOOPS
 from exportir.program._input_dims import input_sizes
 from exportir.program.kernels import EmitError, source_line
+from exportir.program.weights import DeferredWeight
 
 _CONSTANT_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
 _RUNTIME_SCALARS = (schema.Int, schema.Double, schema.Bool)
@@ -52,6 +53,9 @@ class ProgramBuilder:
         self.delegates: list[schema.Delegate] = []
         self._constant_index: dict[bytes, int] = {}
         self._delegate_index: dict[tuple[Any, ...], int] = {}
+        # names of the buffers every method keeps as one shared state (EmitConfig)
+        self.shared: frozenset[str] = frozenset()
+        self._deferred_index: dict[tuple[str, str], int] = {}
 
     def constant(self, data: bytes) -> int:
         key = hashlib.sha256(data).digest()
@@ -59,6 +63,16 @@ class ProgramBuilder:
         if found is None:
             found = self._constant_index[key] = len(self.constants)
             self.constants.append(schema.ConstantBuffer(data))
+        return found
+
+    def deferred(self, t: torch.Tensor, name: str, state: bool = False) -> int:
+        """A constant whose bytes are attached later (a meta tensor: see ``weights``)."""
+        key = ("deferred", name)
+        found = self._deferred_index.get(key)
+        if found is None:
+            found = self._deferred_index[key] = len(self.constants)
+            weight = DeferredWeight(name, t.dtype, tuple(t.shape), state)
+            self.constants.append(schema.ConstantBuffer(weight))  # type: ignore[arg-type]  # bytes come with attach_weights
         return found
 
     def delegate(self, lowered: Any) -> int:
@@ -169,6 +183,11 @@ class MethodEmitter:
         # a constant value is made only when an instruction or output reads the node
         self.constants: dict[Node, Any] = {}
         self.current: Node | None = None  # the node being emitted (debug info of helpers)
+        # meta tensors (weights attached after emission) -> their names in the program
+        self.meta_names = {
+            id(t): name for name, t in (*ep.state_dict.items(), *ep.constants.items())
+            if isinstance(t, torch.Tensor) and t.device.type == "meta"
+        }
 
     # -- values ---------------------------------------------------------------------------------
 
@@ -184,7 +203,20 @@ class MethodEmitter:
             found = self.literals[key] = self.add(value)
         return found
 
+    def weight_name(self, t: torch.Tensor) -> str:
+        name = self.meta_names.get(id(t))
+        if name is None:
+            raise EmitError(f"method {self.name!r}, node {getattr(self.current, 'name', '?')!r}: a constant computed from meta tensors has "
+                            "no data; only the model's own parameters and buffers may be meta")
+        return name
+
     def constant_tensor(self, t: torch.Tensor) -> int:
+        if t.device.type == "meta" and t._base is None:  # weights attached after emission
+            return self.literal(
+                schema.Tensor(kernels.scalar_type(t.dtype), tuple(t.shape),
+                              tuple(range(t.dim())),
+                              schema.ConstantData(self.program.deferred(t, self.weight_name(t))))
+            )
         root = t._base
         if (
             root is not None and root.dtype == t.dtype and root.is_contiguous()
@@ -314,8 +346,8 @@ class MethodEmitter:
             return self.literal(schema.Int(kernels.LAYOUTS.get(value, 0)))
         if isinstance(value, torch.memory_format):
             return self.literal(schema.Int(kernels.MEMORY_FORMATS.get(value, 0)))
-        if isinstance(value, torch.device):
-            return self.literal(schema.String(str(value)))
+        if isinstance(value, torch.device):  # a model built on meta runs on the CPU
+            return self.literal(schema.String(str(_on_cpu(value))))
         if isinstance(value, bool):
             return self.literal(schema.Bool(value))
         if isinstance(value, int):
@@ -473,6 +505,7 @@ class MethodEmitter:
         if any(v is None for v in known.values()):
             return False
         args, kwargs = map_arg((node.args, node.kwargs), known.__getitem__)
+        kwargs = {k: _on_cpu(v) for k, v in kwargs.items()}
         # a view op (or view copy) of a constant folds to a real view: stored as a ViewOf its
         # root (constant_tensor), not as a second copy of the bytes (a tied weight's transpose)
         rule = kernels.alias_rule(op)
@@ -485,6 +518,8 @@ class MethodEmitter:
                 except Exception:  # noqa: BLE001 - not a view over these strides: copy below
                     rule = None
         if not isinstance(rule, torch._ops.OpOverload):
+            if any(t.device.type == "meta" for t in read):  # no data: the runtime computes it
+                return False
             try:
                 with torch.no_grad():
                     result = op(*args, **kwargs)
@@ -760,9 +795,11 @@ class MethodEmitter:
         kind = spec.kind.name
         if kind in _CONSTANT_KINDS:
             t = self.state_tensor(spec.target)
-            if spec.target in mutated:
+            if spec.target in mutated or spec.target in self.program.shared:
                 ref = self.new_tensor(t, node.name)
-                self.values[ref].initial = self.program.constant(tensor_bytes(t))
+                self.values[ref].initial = (
+                    self.program.deferred(t, spec.target, state=True) if t.device.type == "meta"
+                    else self.program.constant(tensor_bytes(t)))
                 self.whole_method.append(ref)
                 self.state_value[spec.target] = ref
                 self.node_value[node] = ref
@@ -850,9 +887,12 @@ class MethodEmitter:
             if isinstance(v, _PendingTensor) and v.bounded
         }
         names = {i: v.name for i, v in enumerate(self.values) if isinstance(v, _PendingTensor)}
+        shared = {ref: name for name, ref in self.state_value.items()
+                  if name in self.program.shared}
         plan = planning.plan_method(
             self.values, self.instructions, planned, outputs=outputs,
             whole_method=self.whole_method, names=names, alignment=self.config.alignment,
+            arena_of=dict.fromkeys(shared, 1),
         )
         values = tuple(_finalize(v, plan, i) for i, v in enumerate(self.values))
         ops = tuple(sorted(self.operators, key=self.operators.__getitem__))
@@ -873,7 +913,16 @@ class MethodEmitter:
             symbols=symbols,
             input_dims=input_dims,
             nodes=self.debug_nodes.table(),
+            shared_state=tuple(schema.SharedState(name, ref)
+                               for ref, name in sorted(shared.items(), key=lambda e: e[1])),
         )
+
+
+def _on_cpu(value: Any) -> Any:
+    """``value``, with the ``meta`` device (a model built on it) replaced by the CPU."""
+    if isinstance(value, torch.device) and value.type == "meta":
+        return torch.device("cpu")
+    return value
 
 
 def _returns_list(op: torch._ops.OpOverload) -> bool:

@@ -51,6 +51,10 @@ class EmitConfig:
 
     alignment: int = 16
     kernel_available: Callable[[str, str], bool] | None = None
+    share_mutable_buffers: bool = False
+    """Buffers that methods mutate are one state shared by every method of the program
+    (``schema.SharedState``): an LLM's ``prefill`` and ``decode`` write one KV cache. Buffers
+    are matched by name; each must have the same dtype and shape in every method."""
 
 
 def check_kernel_coverage(
@@ -124,6 +128,32 @@ def _resolvable(op: Any) -> bool:
         return False
 
 
+_BUFFER_MUTATION = "BUFFER_MUTATION"
+
+
+def _shared_buffers(methods: Mapping[str, Any]) -> frozenset[str]:
+    """Names of the buffers some method mutates, checked to have one dtype and shape in every
+    method that has them."""
+    names = {
+        s.target for ep in methods.values() for s in ep.graph_signature.output_specs
+        if s.kind.name == _BUFFER_MUTATION
+    }
+    seen: dict[str, tuple[str, Any]] = {}
+    for method_name, ep in methods.items():
+        for name in sorted(names):
+            t = ep.state_dict.get(name, ep.constants.get(name))
+            if not isinstance(t, torch.Tensor):
+                continue
+            kind = (t.dtype, tuple(t.shape))
+            first = seen.setdefault(name, (method_name, kind))
+            if first[1] != kind:
+                raise EmitError(
+                    f"buffer {name!r} is {kind[0]}{list(kind[1])} in method {method_name!r} "
+                    f"and {first[1][0]}{list(first[1][1])} in {first[0]!r}: a shared buffer "
+                    "needs one dtype and shape (export every method from one module)")
+    return frozenset(names)
+
+
 def emit_program(
     methods: Mapping[str, Any],
     config: EmitConfig | None = None,
@@ -139,6 +169,8 @@ def emit_program(
     config = config or EmitConfig()
     check_kernel_coverage(methods, config)
     builder = _emit_method.ProgramBuilder()
+    if config.share_mutable_buffers:
+        builder.shared = _shared_buffers(methods)
     emitted = []
     for name in sorted(methods):
         emitted.append(_emit_method.MethodEmitter(name, methods[name], builder, config).emit())

@@ -208,7 +208,6 @@ def load_etrecord(path: str | os.PathLike[str]) -> ETRecord:
     """Read an ETRecord written by :meth:`ETRecord.save` (the archive checks of
     ``exportir.load`` apply: no pickle, bounded sizes); raises :class:`ETRecordError`."""
     import exportir
-
     from exportir.export.serialize import SerializationError
 
     extra: dict[str, Any] = {_MANIFEST: ""}

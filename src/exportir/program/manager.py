@@ -263,7 +263,33 @@ class ProgramManager:
         return self._edge_programs[method_name]
 
     @property
+    def deferred_weights(self) -> list[str]:
+        """Names of weights that were meta tensors at emission and are not attached yet."""
+        from exportir.program.weights import deferred_weights
+
+        return deferred_weights(self.program)
+
+    def attach_weights(self, *sources: Any) -> ProgramManager:
+        """Fill the weights of a model exported on the ``meta`` device, from safetensors files
+        (memory-mapped, tensor by tensor) or mappings of name -> tensor, tried in order; a
+        program name matches a checkpoint key equal to it or ending it after a ``.``. Mutable
+        state missing from every source starts at zero. Returns ``self``; raises
+        ``WeightsError`` naming a missing or mismatched weight."""
+        from exportir.program.weights import attach_weights
+
+        self.program = attach_weights(self.program, sources)
+        self._buffer = None
+        return self
+
+    @property
     def buffer(self) -> bytes:
+        missing = self.deferred_weights
+        if missing:
+            shown = ", ".join(repr(n) for n in missing[:5])
+            raise ValueError(
+                f"{len(missing)} weight(s) of this program were meta tensors at export and have "
+                f"no data yet ({shown}{', ...' if len(missing) > 5 else ''}); attach them with "
+                "attach_weights(checkpoint.safetensors) before saving")
         if self._buffer is None:
             from exportir.program.serialize import serialize_program
 

@@ -378,16 +378,20 @@ def plan_method(
     whole_method: Iterable[int] = (),
     names: Mapping[int, str] | None = None,
     alignment: int = 16,
+    arena_of: Mapping[int, int] | None = None,
 ) -> MemoryPlan:
-    """Plan the values in ``planned`` (value -> nbytes) of a schedule, all in arena 0.
+    """Plan the values in ``planned`` (value -> nbytes) of a schedule, in arena 0 unless
+    ``arena_of`` names another (state shared between methods lives in arena 1).
 
     A planned value the schedule never mentions gets a one-instruction lifetime at the end.
     """
     names = names or {}
+    arena_of = arena_of or {}
     spans = lifetimes(values, instructions, outputs, whole_method)
     end = len(instructions)
     requests = [
-        BufferRequest(v, nbytes, spans.get(v, Lifetime(end, end)), 0, names.get(v, ""))
+        BufferRequest(v, nbytes, spans.get(v, Lifetime(end, end)), arena_of.get(v, 0),
+                      names.get(v, ""))
         for v, nbytes in sorted(planned.items())
     ]
     views = view_bases(values)

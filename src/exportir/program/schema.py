@@ -43,8 +43,13 @@ READABLE_VERSIONS = (1, 2, 3)
 without views; 3 added loops (jumps back), a 2.x file is a valid 3.x file without them."""
 
 MINOR_VERSIONS: dict[int, int] = {1: 0, 2: 2, 3: 1}
-"""The minor version written with each major version (2.2 and 3.1 added the optional debug
-node table, :class:`DebugNode`; older readers ignore it)."""
+"""The minor version written with each major version. 2.2 and 3.1 added two optional method
+fields: the debug node table (:class:`DebugNode`; older readers ignore it) and state shared
+between methods (``Method.shared_state``; an older reader would run such a file with one state
+per method)."""
+
+SHARED_STATE_MINOR: dict[int, int] = {2: 2, 3: 1}
+"""The minor version a file needs when some method shares state: 2.2 / 3.1."""
 
 
 class ScalarType(IntEnum):
@@ -415,6 +420,17 @@ class DimSize:
 
 
 @dataclass(frozen=True, slots=True)
+class SharedState:
+    """A mutable buffer shared between methods (since 2.2): value ``value`` of the method is the
+    program's one state tensor named ``name`` (the buffer's fully-qualified name). Every method
+    naming ``name`` reads and writes the same memory, kept across calls of any of them; it is
+    initialised once per loaded program, from the ``initial`` of the first method prepared."""
+
+    name: str
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
 class Method:
     name: str
     values: tuple[EValue, ...]
@@ -436,6 +452,8 @@ class Method:
     input_dims: tuple[tuple[DimSize | None, ...], ...] = ()
     # Since 2.2 / 3.1: the graph nodes instructions and delegate ops came from (optional).
     nodes: tuple[DebugNode, ...] = ()
+    # Since 2.2: mutable buffers this method shares with the program's other methods.
+    shared_state: tuple[SharedState, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

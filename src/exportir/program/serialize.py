@@ -100,6 +100,14 @@ def _major(program: schema.Program) -> int:
     return max(program.version, schema.FORMAT_VERSION)
 
 
+def _minor(program: schema.Program) -> int:
+    """The header's minor version: 2.2 / 3.1 when a method shares state, else the major's."""
+    major = _major(program)
+    if any(m.shared_state for m in program.methods):
+        return schema.SHARED_STATE_MINOR.get(major, 0)
+    return schema.MINOR_VERSIONS.get(major, 0)
+
+
 def _blobs(program: schema.Program) -> list[bytes | memoryview]:
     return [c.data for c in program.constants] + [d.data for d in program.delegates]
 
@@ -133,7 +141,7 @@ def _write_sections(
     for chunk in chunks:
         data_crc = zlib.crc32(chunk, data_crc)
     fields = [
-        MAGIC, _major(program), schema.MINOR_VERSIONS.get(_major(program), 0), 0,
+        MAGIC, _major(program), _minor(program), 0,
         data_offset + data_len, structure_offset,
         len(compressed), len(raw), data_offset, data_len, zlib.crc32(compressed), data_crc, 0,
     ]

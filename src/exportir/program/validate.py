@@ -382,6 +382,25 @@ class _MethodChecker:
         if not isinstance(p.lower_bound, int) or p.lower_bound < 0:
             raise _fail(f"lower bound {p.lower_bound!r} is negative", f"{field}.lower_bound")
 
+    def shared_state(self) -> None:
+        """Shared state (2.2): each entry names a planned, static state tensor (one with
+        ``initial`` data), once; names are not empty."""
+        names: set[str] = set()
+        taken: set[int] = set()
+        for k, entry in enumerate(self.m.shared_state):
+            field = f"{self.f}.shared_state[{k}]"
+            if not entry.name or entry.name in names:
+                raise _fail(f"shared state name {entry.name!r} is empty or repeated", field)
+            i = self.value(entry.value, f"{field}.value", (schema.Tensor,), "shared state")
+            v = self.m.values[i]
+            if v.initial is None or v.dynamic or not isinstance(v.storage, schema.Allocation):
+                raise _fail(f"value {i} is not a static planned state tensor (one with initial "
+                            "data)", f"{field}.value")
+            if i in taken:
+                raise _fail(f"value {i} is shared under two names", f"{field}.value")
+            names.add(entry.name)
+            taken.add(i)
+
     def overlaps(self) -> None:
         """The plan is safe: no two simultaneously-live planned tensors share a byte."""
         allocations: dict[int, schema.Allocation] = {}
@@ -453,6 +472,7 @@ class _MethodChecker:
         self.signature()
         self.input_sizes()
         self.debug_nodes()
+        self.shared_state()
         if len(self.m.debug) > 0 or self.m.instructions:
             for pc, ins in enumerate(self.m.instructions):
                 self.instruction(pc, ins)
@@ -482,3 +502,23 @@ def validate_program(program: schema.Program, limits: LoadLimits = DEFAULT_LIMIT
             raise _fail("empty backend id", f"delegates[{i}].backend_id")
     for i in range(len(program.methods)):
         validate_method(program, i, limits)
+    _check_shared_state(program)
+
+
+def _check_shared_state(program: schema.Program) -> None:
+    """Every method naming a shared state tensor declares it with one dtype, sizes and layout."""
+    first: dict[str, tuple[int, schema.Tensor]] = {}
+    for i, m in enumerate(program.methods):
+        for k, entry in enumerate(m.shared_state):
+            t = m.values[entry.value]
+            if not isinstance(t, schema.Tensor):  # validate_method refused it already
+                continue
+            seen = first.setdefault(entry.name, (i, t))
+            other = seen[1]
+            if (other.dtype, other.sizes, other.dim_order) != (t.dtype, t.sizes, t.dim_order):
+                raise _fail(
+                    f"shared state {entry.name!r} is {schema.TORCH_DTYPE_NAME[t.dtype]}"
+                    f"{list(t.sizes)} here and {schema.TORCH_DTYPE_NAME[other.dtype]}"
+                    f"{list(other.sizes)} in methods[{seen[0]}]: one shared tensor needs one "
+                    "dtype, shape and layout",
+                    f"methods[{i}].shared_state[{k}]")

@@ -25,6 +25,7 @@ from exportir.runtime.errors import (
     RuntimeFailure,
     UnknownMethodError,
 )
+from exportir.runtime.generate import LLMInfo, generate, llm_info
 from exportir.runtime.kernels import Kernel, KernelRegistry, default_kernel_registry
 from exportir.runtime.method import Method
 from exportir.runtime.program import Program, load
@@ -36,6 +37,7 @@ __all__ = [
     "FailureSite",
     "Kernel",
     "KernelRegistry",
+    "LLMInfo",
     "Method",
     "MethodInputError",
     "MissingBackendError",
@@ -46,5 +48,7 @@ __all__ = [
     "UnknownMethodError",
     "default_delegate_registry",
     "default_kernel_registry",
+    "generate",
+    "llm_info",
     "load",
 ]

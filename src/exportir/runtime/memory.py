@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import sys
 import warnings
@@ -112,6 +113,12 @@ def arena_view(arenas: Sequence[Arena], t: schema.Tensor) -> torch.Tensor:
     arena = arenas[alloc.arena]
     flat = torch.frombuffer(arena.buffer, dtype=dtype, count=count, offset=arena.base + alloc.offset)
     return _shape(flat, t)
+
+
+def state_tensor(t: schema.Tensor) -> torch.Tensor:
+    """A tensor of ``t``'s sizes and layout in memory of its own (a program's shared state)."""
+    own = dataclasses.replace(t, storage=schema.Allocation(0, 0, t.nbytes))
+    return arena_view(allocate_arenas((t.nbytes,)), own)
 
 
 def layout_of(t: schema.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -125,6 +125,7 @@ class MethodState(_MethodInfo):
         "_rebuild",
         "_regions",
         "_resets",
+        "_shared_names",
         "_steps",
         "_straight",
         "_template",
@@ -149,6 +150,7 @@ class MethodState(_MethodInfo):
         # (input value, the caller's tensor) to copy a mutation back into after this call
         self._write_back: list[tuple[int, torch.Tensor]] = []
         self._regions: dict[int, memory.Region] = {}  # DynamicStorage value -> its memory
+        self._shared_names = {e.value: e.name for e in meta.shared_state}  # program-wide state
         self._template = self._build_values()
         # Values whose Python object changes from call to call: the inputs and their views,
         # and (added while compiling, in schedule order) scalar kernel results and scalar move
@@ -286,6 +288,10 @@ class MethodState(_MethodInfo):
         match t.storage:
             case schema.ConstantData(buffer=b):
                 return self._program._constant(b, t)
+            case schema.Allocation() if index in self._shared_names:
+                view = self._program._shared_state(self._shared_names[index], t)
+                self._planned.append((view, *memory.layout_of(t)))
+                return view
             case schema.Allocation():
                 view = memory.arena_view(self._arenas, t)
                 self._planned.append((view, *memory.layout_of(t)))
@@ -801,7 +807,9 @@ class Method(_MethodInfo):
         self._state = MethodState(program, meta)  # made now: a missing kernel fails at load
         self._idle = collections.deque([self._state])
         stateful = any(isinstance(v, schema.Tensor) and v.initial is not None for v in meta.values)
-        self._lock = threading.Lock() if stateful else None
+        # state shared with other methods: their calls take turns on the program's lock
+        self._lock = (program._shared_lock if meta.shared_state
+                      else threading.Lock() if stateful else None)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run with the model's own calling convention; returns outputs structured as the

@@ -62,6 +62,8 @@ class Program:
         "_mapping",
         "_methods",
         "_methods_lock",
+        "_shared",
+        "_shared_lock",
         "delegates",
         "kernels",
         "limits",
@@ -91,6 +93,16 @@ class Program:
         self._methods: dict[str, Method] = {}
         self._methods_lock = threading.Lock()
         self._locks: list[threading.Lock | contextlib.nullcontext[None]] = []
+        # shared state (schema.SharedState): name -> the one tensor every method naming it uses;
+        # calls of methods sharing state run one at a time under _shared_lock
+        self._shared: dict[str, torch.Tensor] = {}
+        self._shared_lock = threading.Lock()
+        for i, c in enumerate(program.constants):  # a program still waiting for its weights
+            if not isinstance(c.data, (bytes, bytearray, memoryview)):
+                raise ProgramLoadError(
+                    f"constant buffer {i} has no data ({type(c.data).__name__}); a program "
+                    "exported on the meta device needs ProgramManager.attach_weights(...) first",
+                    f"constants[{i}]")
         typecheck.check_program(program, self.kernels, limits)
         self._init_delegates()
 
@@ -180,6 +192,27 @@ class Program:
     def _backend_id(self, index: int) -> str:
         delegates = self.schema.delegates
         return delegates[index].backend_id if 0 <= index < len(delegates) else f"#{index}"
+
+    def _shared_state(self, name: str, t: schema.Tensor) -> torch.Tensor:
+        """The program's state tensor ``name``, made (from ``t.initial``) by the first method
+        prepared that names it. Methods are prepared under ``_methods_lock``."""
+        found = self._shared.get(name)
+        if found is None:
+            found = self._shared[name] = memory.state_tensor(t)
+            if t.initial is not None:
+                found.copy_(self._constant(t.initial, t))
+        return found
+
+    def reset_state(self) -> None:
+        """Put every shared state tensor back to its initial value (a new conversation for an
+        LLM program's KV cache). Waits for running calls of methods sharing state."""
+        with self._shared_lock:
+            for meta in self.schema.methods:
+                for entry in meta.shared_state:
+                    t = meta.values[entry.value]
+                    found = self._shared.get(entry.name)
+                    if found is not None and isinstance(t, schema.Tensor) and t.initial is not None:
+                        found.copy_(self._constant(t.initial, t))
 
     def _delegate_lock(self, index: int) -> threading.Lock | contextlib.nullcontext[None]:
         """What a call of delegate ``index`` holds while it runs: the delegate's own lock,

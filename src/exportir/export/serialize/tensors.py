@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import struct
 import sys
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -196,5 +198,30 @@ def decode_tensors(blob: bytes, where: str) -> tuple[dict[str, torch.Tensor], di
     entries = [_parse_entry(name, raw, where) for name, raw in header.items()]
     _check_layout(entries, len(data), where)
     tensors = {e.name: guarded(f"{where}/{e.name}", lambda e=e: _build(e, data), "bad tensor")
+               for e in entries}
+    return tensors, metadata
+
+
+def _view(entry: _Entry, data: memoryview) -> torch.Tensor:
+    if entry.begin == entry.end:
+        return torch.empty(entry.shape, dtype=entry.dtype)
+    with warnings.catch_warnings():  # a read-only mapping: the tensors are only read
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        raw = torch.frombuffer(data[entry.begin:entry.end], dtype=torch.uint8)
+    return raw.view(entry.dtype).reshape(entry.shape)
+
+
+def open_tensors(buffer: Any, where: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Like :func:`decode_tensors` over ``buffer`` (bytes or a memory map), but each tensor is a
+    view of the buffer's bytes (nothing copied; read-only when the buffer is). The header is
+    checked whole before any tensor is made."""
+    head, data = _split_header(buffer, where)
+    header = as_dict(loads_json(bytes(head), f"{where} header"), f"{where} header")
+    metadata = as_dict(header.pop(_META_KEY, {}), f"{where}/{_META_KEY}")
+    for key, value in metadata.items():
+        as_str(value, f"{where}/{_META_KEY}/{key}")
+    entries = [_parse_entry(name, raw, where) for name, raw in header.items()]
+    _check_layout(entries, len(data), where)
+    tensors = {e.name: guarded(f"{where}/{e.name}", lambda e=e: _view(e, data), "bad tensor")
                for e in entries}
     return tensors, metadata

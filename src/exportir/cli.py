@@ -228,7 +228,8 @@ def _read_file(path: str) -> bytes:
 
 
 def cmd_inspect(ns: argparse.Namespace) -> int:
-    from exportir.program import printer, serialize
+    from exportir.format import serialize
+    from exportir.program import printer
 
     data = _read_file(ns.path)
     program = serialize.deserialize_program(data)
@@ -246,7 +247,7 @@ def cmd_inspect(ns: argparse.Namespace) -> int:
 
 
 def _random_inputs(method: Any, generator: torch.Generator) -> list[Any]:
-    from exportir.program import schema
+    from exportir.format import schema
     from exportir.runtime.memory import torch_dtype
 
     inputs = []
@@ -367,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
-    from exportir.program.validate import ProgramLoadError
+    from exportir.format.validate import ProgramLoadError
     from exportir.runtime.errors import MethodInputError, RuntimeFailure, UnknownMethodError
 
     try:

@@ -261,7 +261,7 @@ class ProgramManager:
     @property
     def buffer(self) -> bytes:
         if self._buffer is None:
-            from exportir.program.serialize import serialize_program
+            from exportir.format.serialize import serialize_program
 
             self._buffer = serialize_program(self.program)
         return self._buffer

@@ -1,7 +1,7 @@
 """A loaded program file: ``Program.load(path_or_bytes)``.
 
-Loading reads and **fully validates** the file (``exportir.program.serialize`` /
-``exportir.program.validate``: header, checksums, every index, value kind, tensor size, storage
+Loading reads and **fully validates** the file (``exportir.format.serialize`` /
+``exportir.format.validate``: header, checksums, every index, value kind, tensor size, storage
 range and the memory plan) and **types** every method against the kernels it calls
 (:mod:`exportir.runtime.typecheck`: operators in the kernel table, operand kinds, no write to a
 constant or a view, define before use) before anything runs; a malformed file raises
@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from exportir.program import schema, serialize
-from exportir.program.validate import (
+from exportir.format import schema, serialize
+from exportir.format.validate import (
     DEFAULT_LIMITS,
     LoadLimits,
     ProgramLoadError,

@@ -266,9 +266,30 @@ class ProgramManager:
             self._buffer = serialize_program(self.program)
         return self._buffer
 
-    def write_to_file(self, f: Any) -> None:
-        f.write(self.buffer)
+    def pte_buffer(self) -> bytes:
+        """The program as an ExecuTorch ``.pte`` file (docs/format/pte.md): same emission and
+        memory plan, ExecuTorch's encoding. Raises ``PteEncodeError`` (a ``ValueError``) before
+        writing anything ExecuTorch's portable runtime cannot run, listing the missing kernels."""
+        from exportir.format.pte_write import write_pte
 
-    def save(self, path: str | os.PathLike[str]) -> None:
+        return write_pte(self.program)
+
+    def write_to_file(self, f: Any, format: str = "xpt") -> None:
+        f.write(self._encoded(format))
+
+    def save(self, path: str | os.PathLike[str], format: str | None = None) -> None:
+        """Write the program to ``path``: ``format="pte"`` (or a ``.pte`` suffix) writes
+        ExecuTorch's format, ``"xpt"`` (the default otherwise) exportir's."""
+        if format is None:
+            format = "pte" if os.fspath(path).lower().endswith(".pte") else "xpt"
+        data = self._encoded(format)  # encode first: a refused program leaves no file behind
         with open(path, "wb") as f:
-            self.write_to_file(f)
+            f.write(data)
+
+    def _encoded(self, format: str) -> bytes:
+        if format == "xpt":
+            return self.buffer
+        if format == "pte":
+            return self.pte_buffer()
+        raise ValueError(f"unknown program format {format!r}; choose 'xpt' (exportir's) or "
+                         "'pte' (ExecuTorch's)")

@@ -32,8 +32,25 @@ __all__ = [
 
 # exportir's operator namespaces that ExecuTorch names otherwise
 _NAMESPACES = {"exportir_prim": "executorch_prim"}
-_AS_STRIDED = "aten::as_strided_copy.out"
-_COPY = "aten::copy_"
+_AS_STRIDED = ("aten::as_strided_copy", "out")
+_PERMUTE = ("aten::permute_copy", "out")
+_COPY = ("aten::copy_", "")
+
+# Outs ExecuTorch's kernel resizes to other sizes than torch's meta kernel gives them: written
+# with a dynamic (upper-bound) shape so the resize succeeds. op -> argument positions.
+_RESIZED_OUTS: dict[str, tuple[int, ...]] = {
+    # inference batch norm leaves its saved mean / inverse std empty
+    "aten::_native_batch_norm_legit_no_training.out": (8, 9),
+}
+
+# Argument values ExecuTorch's portable kernels refuse at run time: op -> (position, name,
+# refused value, what to do).
+_REFUSED_ARGS: dict[str, tuple[int, str, object, str]] = {
+    "aten::_native_batch_norm_legit.out": (
+        5, "training", True, "put the model in eval() mode before export"),
+    "aten::_native_batch_norm_legit.no_stats_out": (
+        3, "training", True, "put the model in eval() mode before export"),
+}
 
 
 class PteEncodeError(ValueError):
@@ -59,6 +76,17 @@ def _qualified(name: str, overload: str) -> str:
     return f"{name}.{overload}" if overload else name
 
 
+def _refused_argument(m: schema.Method, name: str, ins: schema.KernelCall) -> str | None:
+    rule = _REFUSED_ARGS.get(name)
+    if rule is None or rule[0] >= len(ins.args):
+        return None
+    position, arg, value, fix = rule
+    found = m.values[ins.args[position]]
+    if getattr(found, "value", None) != value:
+        return None
+    return f" with {arg}={value} (the portable kernel refuses it: {fix})"
+
+
 def check_pte_coverage(program: schema.Program) -> None:
     """Raise :class:`PteEncodeError` for delegates and :class:`PteKernelCoverageError` listing
     every operator ExecuTorch's portable kernels lack, with the nodes calling it."""
@@ -74,13 +102,14 @@ def check_pte_coverage(program: schema.Program) -> None:
             if not isinstance(ins, schema.KernelCall):
                 continue
             name = _qualified(*pte_operator_name(m.operators[ins.op_index]))
-            if name in PTE_KERNELS:
+            refused = _refused_argument(m, name, ins)
+            if name in PTE_KERNELS and refused is None:
                 continue
             entry = m.debug[ins.debug] if ins.debug < len(m.debug) else None
             where = f"{m.name}:{entry.node_name if entry else f'instruction {pc}'}"
             if entry and entry.source:
                 where += f" ({entry.source})"
-            missing.setdefault(name, []).append(where)
+            missing.setdefault(name + (refused or ""), []).append(where)
     if not missing:
         return
     lines = [f"{len(missing)} operator(s) have no kernel in ExecuTorch's portable kernel set; "
@@ -132,6 +161,54 @@ def _dense(t: schema.Tensor, strides: Sequence[int]) -> bool:
     return all(a == b for a, b, n in zip(strides, want, t.sizes) if n > 1)
 
 
+def _contiguous_view(root: schema.Tensor, view: schema.Tensor,
+                     v: schema.ViewOf) -> schema.ViewOf | None:
+    """``v`` re-expressed over ``root`` laid out contiguously (ExecuTorch's kernels write every
+    tensor in one dim order), or None when no strides can say it. Each view stride and the
+    offset are split into whole steps of the root's dimensions (the root's memory is dense in
+    its dim order, so the split is unique); the view is the same affine map over logical root
+    indices when no step carries past a root dimension's size."""
+    order = tuple(range(len(root.sizes)))
+    if root.dim_order == order:
+        return v
+    if any(n == 0 for n in view.sizes):
+        return schema.ViewOf(v.base, 0, schema.dense_strides(view.sizes, view.dim_order))
+    old = schema.dense_strides(root.sizes, root.dim_order)
+    new = schema.dense_strides(root.sizes, order)
+
+    def split(n: int) -> list[int] | None:
+        steps = [0] * len(root.sizes)
+        for d in root.dim_order:
+            steps[d], n = divmod(n, old[d]) if root.sizes[d] > 1 else (0, n)
+        return steps if n == 0 else None
+
+    base = split(v.offset)
+    per_dim = [split(s) if n > 1 else [0] * len(root.sizes) for s, n in zip(v.strides,
+                                                                           view.sizes)]
+    if base is None or any(s is None for s in per_dim):
+        return None
+    for r, size in enumerate(root.sizes):
+        reach = base[r] + sum((n - 1) * s[r] for s, n in zip(per_dim, view.sizes))
+        if reach >= size:
+            return None
+    strides = tuple(sum(c * k for c, k in zip(s, new)) for s in per_dim)
+    return schema.ViewOf(v.base, sum(c * k for c, k in zip(base, new)), strides)
+
+
+def _contiguous_bytes(t: schema.Tensor, data: Any) -> Any:
+    """The bytes of constant ``t`` (stored in its dim order) laid out contiguously."""
+    order = tuple(range(len(t.sizes)))
+    if t.dim_order == order or t.numel <= 1:
+        return data
+    import torch  # only the compiler writes .pte files; the runtime never imports this
+
+    dtype = getattr(torch, schema.TORCH_DTYPE_NAME[t.dtype])
+    physical = [t.sizes[d] for d in t.dim_order]
+    flat = torch.frombuffer(bytearray(data), dtype=dtype).reshape(physical)
+    logical = flat.permute([t.dim_order.index(d) for d in order])
+    return logical.contiguous().numpy().tobytes()
+
+
 def _strided_bytes(root: schema.Tensor, data: Any, view: schema.Tensor,
                    v: schema.ViewOf) -> bytes:
     import torch  # only the compiler writes .pte files; the runtime never imports this
@@ -169,8 +246,20 @@ class _MethodEncoder:
         self.operators: dict[tuple[str, str], int] = {}
         self.arenas = list(m.plan.arenas)
         self.view_arena: int | None = None
-        self.runtime_views: dict[int, schema.ViewOf] = {}
+        self.runtime_views: dict[int, tuple[schema.ViewOf, bool]] = {}
+        self.physical: dict[int, int] = {}
         self.false_value: int | None = None
+        self.resized = self.resized_outs()
+        self.outputs = list(m.outputs)
+
+    def resized_outs(self) -> set[int]:
+        found = set()
+        for ins in self.m.instructions:
+            if isinstance(ins, schema.KernelCall):
+                name = _qualified(*pte_operator_name(self.m.operators[ins.op_index]))
+                found.update(ins.args[k] for k in _RESIZED_OUTS.get(name, ())
+                             if k < len(ins.args))
+        return found
 
     def fail(self, where: str, what: str) -> PteEncodeError:
         return PteEncodeError(f"method {self.m.name!r}, {where}: {what}; no .pte was written")
@@ -180,11 +269,13 @@ class _MethodEncoder:
     def tensor(self, i: int, t: schema.Tensor) -> tuple:
         if int(t.dtype) not in fbs.SCALAR_TYPES:
             raise self.fail(f"value {i}", f"dtype {t.dtype.name} has no ExecuTorch ScalarType")
-        dynamism = fbs.DYNAMIC_BOUND if t.dynamic else fbs.STATIC
-        data, alloc, dim_order = 0, None, t.dim_order
+        dynamism = fbs.DYNAMIC_BOUND if t.dynamic or i in self.resized else fbs.STATIC
+        data, alloc = 0, None
         match t.storage:
             case schema.ConstantData(buffer=b):
-                data = self.constants.ref(b)
+                stored = self.constants.buffers[b].data
+                relaid = _contiguous_bytes(t, stored)
+                data = self.constants.ref(b if relaid is stored else bytes(relaid))
             case schema.Allocation(arena=a, offset=off):
                 alloc = (a + 1, off)
                 if t.initial is not None:
@@ -196,34 +287,42 @@ class _MethodEncoder:
                 raise self.fail(f"value {i}", "a tensor without an upper bound on its size "
                                 "(runtime-allocated): ExecuTorch's planned memory cannot hold it")
             case schema.ViewOf() as v:
-                data, alloc, dim_order = self.view(i, t, v)
-        return ("Tensor", int(t.dtype), t.sizes, dim_order, data, alloc, dynamism)
+                data, alloc = self.view(i, t, v)
+        return ("Tensor", int(t.dtype), t.sizes, tuple(range(len(t.sizes))), data, alloc,
+                dynamism)
 
-    def view(self, i: int, t: schema.Tensor, v: schema.ViewOf) -> tuple[int, Any, tuple]:
-        """A view has no instruction in exportir's format. Dense views of planned or constant
-        memory alias it (an offset into the arena or the constant segment); other views of
-        constants are laid out at write time; the rest are copied by ``as_strided_copy``
-        before each instruction reading them."""
+    def view(self, i: int, t: schema.Tensor, v: schema.ViewOf) -> tuple[int, Any]:
+        """A view has no instruction in exportir's format. Contiguous views of planned or
+        constant memory alias it (an offset into the arena or the constant segment); other
+        views of constants are laid out at write time; the rest are copied by
+        ``as_strided_copy`` before each instruction reading them."""
         root = self.m.values[v.base]
         esize = schema.ELEMENT_SIZE[t.dtype]
         if t.dynamic or not isinstance(root, schema.Tensor):
             raise self.fail(f"value {i}", "a view of a dynamic tensor")
-        contiguous = tuple(range(len(t.sizes)))
-        match root.storage:
-            case schema.Allocation(arena=a, offset=off) if _dense(t, v.strides):
-                return 0, (a + 1, off + v.offset * esize), contiguous
-            case schema.ConstantData(buffer=b) if _dense(t, v.strides):
-                return self.constants.ref(b, v.offset * esize), None, contiguous
-            case schema.ConstantData(buffer=b):
-                data = _strided_bytes(root, self.constants.buffers[b].data, t, v)
-                return self.constants.ref(data), None, contiguous
+        if isinstance(root.storage, schema.ConstantData):
+            stored = self.constants.buffers[root.storage.buffer].data
+            if _dense(t, v.strides) and root.dim_order == tuple(range(len(root.sizes))):
+                return self.constants.ref(root.storage.buffer, v.offset * esize), None
+            return self.constants.ref(_strided_bytes(root, stored, t, v)), None
+        relaid = _contiguous_view(root, t, v)
+        if relaid is not None and isinstance(root.storage, schema.Allocation) and _dense(
+            t, relaid.strides
+        ):
+            return 0, (root.storage.arena + 1, root.storage.offset + relaid.offset * esize)
+        # copied at run time: from the base (contiguous in ExecuTorch), or when the view only
+        # exists over the base's own dim order, from a copy of the base in that order
+        self.runtime_views[i] = (relaid or v, relaid is None)
+        return 0, self.reserve(t.nbytes)
+
+    def reserve(self, nbytes: int) -> tuple[int, int]:
+        """Planned memory for a copy this encoding adds, in an arena of its own."""
         if self.view_arena is None:
             self.view_arena = len(self.arenas)
             self.arenas.append(0)
         offset = self.arenas[self.view_arena]
-        self.arenas[self.view_arena] = offset + t.nbytes + (-t.nbytes % 16)
-        self.runtime_views[i] = v
-        return 0, (self.view_arena + 1, offset), contiguous
+        self.arenas[self.view_arena] = offset + nbytes + (-nbytes % 16)
+        return (self.view_arena + 1, offset)
 
     def value(self, i: int, v: schema.EValue) -> tuple:
         match v:
@@ -281,18 +380,50 @@ class _MethodEncoder:
         # ExecuTorch's MoveCall rebinds the value; exportir's copies the tensor's contents
         if self.false_value is None:
             self.false_value = self.add(("Bool", False))
-        op = self.operator(_COPY, "")
+        op = self.operator(*_COPY)
         return ("KernelCall", op, (ins.dst, ins.src, self.false_value, ins.dst))
 
-    def materialize(self, i: int) -> tuple:
-        v = self.runtime_views[i]
+    def int_list(self, items: Sequence[int]) -> int:
+        return self.add(("IntList", tuple(self.add(("Int", x)) for x in items)))
+
+    def materialize(self, i: int) -> list[tuple]:
+        """``as_strided_copy`` of view ``i`` from its base (first a ``permute_copy`` of the
+        base into its own dim order, when the view only exists over that order)."""
+        v, physical = self.runtime_views[i]
         t = self.m.values[i]
-        ints = [self.add(("Int", x)) for x in (*t.sizes, *v.strides)]
-        sizes = self.add(("IntList", tuple(ints[: len(t.sizes)])))
-        strides = self.add(("IntList", tuple(ints[len(t.sizes):])))
+        found: list[tuple] = []
+        source = v.base
+        if physical:
+            root = self.m.values[v.base]
+            source = self.physical.get(v.base, -1)
+            if source < 0:
+                sizes = tuple(root.sizes[d] for d in root.dim_order)
+                source = self.physical[v.base] = self.add((
+                    "Tensor", int(root.dtype), sizes, tuple(range(len(sizes))), 0,
+                    self.reserve(root.nbytes), fbs.STATIC))
+            dims = self.int_list(root.dim_order)
+            op = self.operator(*_PERMUTE)
+            found.append(("KernelCall", op, (v.base, dims, source, source)))
+        sizes, strides = self.int_list(t.sizes), self.int_list(v.strides)
         offset = self.add(("Int", v.offset))
-        op = self.operator(*_AS_STRIDED.rsplit(".", 1))
-        return ("KernelCall", op, (v.base, sizes, strides, offset, i, i))
+        op = self.operator(*_AS_STRIDED)
+        found.append(("KernelCall", op, (source, sizes, strides, offset, i, i)))
+        return found
+
+    def copy_input_outputs(self) -> list[tuple]:
+        """An output that is an input is returned as a planned copy: ExecuTorch's runtime
+        points outputs it does not plan at fresh memory, which would replace the input."""
+        found = []
+        for k, i in enumerate(self.outputs):
+            t = self.m.values[i]
+            if not (isinstance(t, schema.Tensor) and isinstance(t.storage, schema.InputStorage)):
+                continue
+            copy = self.add(("Tensor", int(t.dtype), t.sizes, tuple(range(len(t.sizes))), 0,
+                             self.reserve(t.nbytes),
+                             fbs.DYNAMIC_BOUND if t.dynamic else fbs.STATIC))
+            found.append(self.move(schema.MoveCall(i, copy)))
+            self.outputs[k] = copy
+        return found
 
     def reads(self, ins: schema.Instruction) -> list[int]:
         match ins:
@@ -313,8 +444,8 @@ class _MethodEncoder:
     def instructions(self) -> list[tuple]:
         blocks: list[list[tuple]] = []
         for pc, ins in enumerate(self.m.instructions):
-            block = [self.materialize(i) for i in dict.fromkeys(self.reads(ins))
-                     if i in self.runtime_views]
+            block = [c for i in dict.fromkeys(self.reads(ins)) if i in self.runtime_views
+                     for c in self.materialize(i)]
             match ins:
                 case schema.KernelCall():
                     block.append(self.kernel(pc, ins))
@@ -327,8 +458,9 @@ class _MethodEncoder:
                 case schema.DelegateCall():
                     raise self.fail(f"instruction {pc}", "a delegate call")
             blocks.append(block)
-        tail = [self.materialize(i) for i in dict.fromkeys(self.m.outputs)
-                if i in self.runtime_views]
+        tail = [c for i in dict.fromkeys(self.m.outputs) if i in self.runtime_views
+                for c in self.materialize(i)]
+        tail += self.copy_input_outputs()
         starts, n = [], 0
         for block in blocks:
             starts.append(n)
@@ -343,11 +475,16 @@ class _MethodEncoder:
         return flat + tail
 
     def encode(self) -> _Method:
-        self.values = [self.value(i, v) for i, v in enumerate(self.m.values)]
+        for i, v in enumerate(self.m.values):  # in order: value i of the method is value i
+            self.values.append(self.value(i, v))
         instructions = self.instructions()
         return _Method(
-            name=self.m.name, values=self.values, inputs=self.m.inputs,
-            outputs=self.m.outputs, operators=list(self.operators),
+            # a str input is fixed at export (the method runs with that value only) and
+            # ExecuTorch's runtime takes no str input: the .pte keeps it as a value, not an input
+            name=self.m.name, values=self.values,
+            inputs=tuple(i for i in self.m.inputs if not isinstance(self.m.values[i],
+                                                                     schema.String)),
+            outputs=tuple(self.outputs), operators=list(self.operators),
             instructions=instructions, buffer_sizes=[0, *self.arenas],
             in_spec=self.m.in_spec, out_spec=self.m.out_spec,
         )

@@ -112,8 +112,8 @@ def check_pte_coverage(program: schema.Program) -> None:
             missing.setdefault(name + (refused or ""), []).append(where)
     if not missing:
         return
-    lines = [f"{len(missing)} operator(s) have no kernel in ExecuTorch's portable kernel set; "
-             "no .pte was written:"]
+    lines = [(f"{len(missing)} operator(s) have no kernel in ExecuTorch's portable kernel set; "
+             "no .pte was written:")]
     lines += [f"  {op}: nodes {', '.join(nodes)}" for op, nodes in sorted(missing.items())]
     lines.append("Fix: decompose these ops before to_program, or save an .xpt for exportir's "
                  "runtime, which runs them.")

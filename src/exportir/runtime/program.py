@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from exportir.format import schema, serialize
+from exportir.format import pte_read, schema, serialize
 from exportir.format.validate import (
     DEFAULT_LIMITS,
     LoadLimits,
@@ -106,7 +106,8 @@ class Program:
         verify_data: bool = True,
         limits: LoadLimits = DEFAULT_LIMITS,
     ) -> Program:
-        """Load a program file (a path, memory-mapped) or its bytes, validating it fully.
+        """Load a program file (a path, memory-mapped) or its bytes, validating it fully: an
+        exportir ``.xpt`` or an ExecuTorch ``.pte`` of portable kernels (told apart by content).
 
         ``kernels`` / ``delegates`` default to fresh default registries. ``verify_data`` checks
         the data segment's checksum (it reads every weight page once; skip it for huge,
@@ -121,7 +122,11 @@ class Program:
         else:
             name = os.fspath(source)
             data = mapping = _map_file(name)
-        program = serialize.deserialize_program(data, verify_data=verify_data, limits=limits)
+        if pte_read.is_pte(data):  # ExecuTorch's format (docs/format/pte.md)
+            program = pte_read.read_pte(data, limits)
+            validate_program(program, limits)
+        else:
+            program = serialize.deserialize_program(data, verify_data=verify_data, limits=limits)
         return cls(program, kernels=kernels, delegates=delegates, mapping=mapping, source=name,
                    limits=limits)
 

@@ -25,11 +25,12 @@ __all__ = ["is_pte", "read_pte"]
 _NAMESPACES = {"executorch_prim": "exportir_prim"}
 
 # ExecuTorch operators that exportir's kernel table names otherwise: ET name -> (exportir
-# operator, position of the ``int[]? dim_order`` argument that must be None or contiguous)
-_RENAMED: dict[str, tuple[schema.Operator, int]] = {
-    "dim_order_ops::_to_dim_order_copy.out": (schema.Operator("aten::_to_copy", "out"), 2),
-    "dim_order_ops::_clone_dim_order.out": (schema.Operator("aten::clone", "out"), 2),
-    "dim_order_ops::_empty_dim_order.out": (schema.Operator("aten::empty", "out"), 1),
+# operator, position of the ``int[]? dim_order`` argument that must be None or contiguous and
+# becomes ``memory_format=None``, argument positions exportir's schema lacks)
+_RENAMED: dict[str, tuple[schema.Operator, int, tuple[int, ...]]] = {
+    "dim_order_ops::_to_dim_order_copy.out": (schema.Operator("aten::_to_copy", "out"), 2, ()),
+    "dim_order_ops::_clone_dim_order.out": (schema.Operator("aten::clone", "out"), 2, (1,)),
+    "dim_order_ops::_empty_dim_order.out": (schema.Operator("aten::empty", "out"), 1, ()),
 }
 _COPY = "aten::copy_"
 _VIEW = "executorch_prim::et_view.default"
@@ -63,7 +64,7 @@ class _Buf:
 class _Table:
     """A flatbuffer table at ``pos``; ``path`` names it in errors."""
 
-    __slots__ = ("buf", "pos", "path", "vtable", "vlen")
+    __slots__ = ("buf", "path", "pos", "vlen", "vtable")
 
     def __init__(self, buf: _Buf, pos: int, path: str) -> None:
         self.buf, self.pos, self.path = buf, pos, path
@@ -343,6 +344,8 @@ class _PlanReader:
         fresh = sum(1 for r in returns if r < 0)
         aliased = len(returns) - fresh
         want = n_args + fresh + (1 if aliased else 0)
+        if len(args) == want + 1 and not returns:
+            args.pop()  # ExecuTorch passes the out list of an op returning nothing once more
         if len(args) != want:
             raise _fail(f"{name} takes {want} value(s) (arguments and returns), the call passes "
                         f"{len(args)}", f"{field}.args")
@@ -357,17 +360,69 @@ class _PlanReader:
             return None
         renamed = _RENAMED.get(name)
         if renamed is not None:
-            op, position = renamed
-            order = self.values[args[position]]
-            if not isinstance(order, schema.Null):
-                raise _fail(f"{name} with a dim order argument is not read",
-                            f"{field}.args[{position}]")
+            op, position, dropped = renamed
+            if not self.default_dim_order(args[position], args[-1]):
+                raise _fail(f"{name} with a dim order other than the contiguous one is not "
+                            "read", f"{field}.args[{position}]")
+            args[position] = self.null()
+            args = [a for i, a in enumerate(args) if i not in dropped]
         else:
             ns, _, rest = name.partition("::")
             base, _, overload = rest.partition(".")
             op = schema.Operator(f"{_NAMESPACES.get(ns, ns)}::{base}", overload)
         index = ops.setdefault(op, len(ops))
         return schema.KernelCall(index, tuple(args), pc)
+
+    def alias_unwritten(self, kept: list[schema.Instruction],
+                        ops: dict[schema.Operator, int]) -> None:
+        """ExecuTorch drops a view copy by planning its result on its source's memory: a
+        planned tensor no instruction writes that shares its bytes with one that is written
+        becomes a view of the latter (the one written last before the alias is first read)."""
+        written = _written(self.values, kept, ops)
+        by_arena: dict[int, list[int]] = {}
+        for k, v in enumerate(self.values):
+            if isinstance(v, schema.Tensor) and isinstance(v.storage, schema.Allocation) and (
+                k in written
+            ):
+                by_arena.setdefault(v.storage.arena, []).append(k)
+        for k, v in enumerate(self.values):
+            if not (isinstance(v, schema.Tensor) and isinstance(v.storage, schema.Allocation)) or (
+                k in written or v.initial is not None or v.dynamic
+            ):
+                continue
+            first_read = next((pc for pc, ins in enumerate(kept) if k in _mentions(ins)),
+                              len(kept))
+            best = None
+            start = v.storage.offset
+            for other in by_arena.get(v.storage.arena, ()):
+                o = self.values[other]
+                lo = o.storage.offset
+                before = [pc for pc in written[other] if pc < first_read]
+                if before and o.dtype == v.dtype and not o.dynamic and o.dim_order == tuple(
+                    range(len(o.sizes))
+                ) and lo <= start and start + v.nbytes <= lo + o.nbytes and (
+                    start - lo) % schema.ELEMENT_SIZE[v.dtype] == 0 and (
+                    best is None or max(before) > best[0]
+                ):
+                    best = (max(before), other, (start - lo) // schema.ELEMENT_SIZE[v.dtype])
+            if best is not None:
+                strides = schema.dense_strides(v.sizes, tuple(range(len(v.sizes))))
+                self.values[k] = schema.Tensor(v.dtype, v.sizes, tuple(range(len(v.sizes))),
+                                               schema.ViewOf(best[1], best[2], strides))
+
+    def default_dim_order(self, arg: int, out: int) -> bool:
+        order, t = self.values[arg], self.values[out]
+        if isinstance(order, schema.Null):
+            return True
+        if not isinstance(order, schema.IntList) or not isinstance(t, schema.Tensor):
+            return False
+        items = [self.values[_index(i, len(self.values), "dim_order", "value")]
+                 for i in order.items]
+        return [getattr(v, "value", None) for v in items] == list(range(len(t.sizes)))
+
+    def null(self) -> int:
+        self.values.append(schema.Null())
+        return len(self.values) - 1
 
     def view(self, args: list[int], field: str) -> None:
         """``et_view(self, sizes) -> out``: ``out`` aliases ``self`` (a ViewOf its root)."""
@@ -429,6 +484,7 @@ class _PlanReader:
             if found is not None:
                 kept.append(found)
         starts.append(len(kept))
+        self.alias_unwritten(kept, ops)
         instructions, debug = [], []
         for ins in kept:
             if isinstance(ins, schema.JumpFalseCall):
@@ -451,6 +507,45 @@ class _PlanReader:
             in_spec=meta.string(0, "encoded_inp_str") if meta else "",
             out_spec=meta.string(1, "encoded_out_str") if meta else "",
         )
+
+
+def _written(m_values: list[schema.EValue], kept: list[schema.Instruction],
+             ops: dict[schema.Operator, int]) -> dict[int, list[int]]:
+    """value -> the instruction indices writing it (kernel outs and results, move targets)."""
+    names = {index: op for op, index in ops.items()}
+    found: dict[int, list[int]] = {}
+    for pc, ins in enumerate(kept):
+        targets: list[int] = []
+        if isinstance(ins, schema.MoveCall):
+            targets = [ins.dst]
+        elif isinstance(ins, schema.KernelCall):
+            op = names[ins.op_index]
+            ns, _, base = op.name.partition("::")
+            et = f"{next((k for k, v in _NAMESPACES.items() if v == ns), ns)}::{base}"
+            et = f"{et}.{op.overload}" if op.overload else et
+            layout = PTE_KERNELS.get(et)
+            if layout is None:  # a renamed dim-order op: its out is the last argument
+                targets = [ins.args[-1]]
+            else:
+                n_args, returns = layout
+                targets = [ins.args[r] for r in returns if r >= 0] + list(ins.args[n_args:])
+        for t in targets:
+            v = m_values[t]
+            items = v.items if isinstance(v, schema.TensorList) else (t,)
+            for item in items:
+                found.setdefault(item, []).append(pc)
+    return found
+
+
+def _mentions(ins: schema.Instruction) -> tuple[int, ...]:
+    match ins:
+        case schema.KernelCall(args=a):
+            return a
+        case schema.MoveCall(src=s, dst=d):
+            return (s, d)
+        case schema.JumpFalseCall(cond_value=c):
+            return (c,)
+    return ()
 
 
 def _with_debug(ins: schema.Instruction, debug: int) -> schema.Instruction:

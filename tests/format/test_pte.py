@@ -139,11 +139,11 @@ def test_executorch_pte_in_exportir_in_a_fresh_process(tmp_path):
 
 def test_real_transformers_model_runs_in_executorch():
     from corpus import real_models as R
+    from executorch.runtime import Runtime
 
     from exportir import pytree
     from exportir.export import export
     from exportir.program.manager import to_edge
-    from executorch.runtime import Runtime
 
     case = R.build("distilbert")
     data = to_edge(export(case.model, (), case.kwargs)).to_program().pte_buffer()

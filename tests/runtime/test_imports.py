@@ -26,6 +26,9 @@ ALLOWED = {
     "exportir.format._codec",
     "exportir.format.planning",
     "exportir.format.work",
+    "exportir.format.pte_read",  # ExecuTorch's .pte files (stdlib-only, like the rest)
+    "exportir.format._pte_fbs",
+    "exportir.format.pte_kernels",
 }
 
 PROBE = textwrap.dedent(

@@ -1,7 +1,7 @@
 """The fuzz suite's child process: load and run each case file, report one outcome per case.
 
-    python tests/fuzz/child.py {xpt|pt2} MANIFEST.json START
-    python tests/fuzz/child.py {xpt|pt2} CASE_FILE           # reproduce one finding
+    python tests/fuzz/child.py {xpt|pte|pt2} MANIFEST.json START
+    python tests/fuzz/child.py {xpt|pte|pt2} CASE_FILE           # reproduce one finding
 
 ``MANIFEST`` is a JSON list of case file paths; cases from ``START`` on are run in order. Before
 a case the child prints ``{"start": i}``, after it ``{"case": i, "outcome": ..., "detail": ...}``
@@ -223,7 +223,7 @@ def run_pt2(data: bytes) -> dict[str, str]:
     return _outcome("ran")
 
 
-RUNNERS = {"xpt": run_xpt, "pt2": run_pt2}
+RUNNERS = {"xpt": run_xpt, "pte": run_xpt, "pt2": run_pt2}  # Program.load reads .pte too
 
 
 def main() -> None:

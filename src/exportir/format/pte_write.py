@@ -251,6 +251,10 @@ class _MethodEncoder:
         self.false_value: int | None = None
         self.resized = self.resized_outs()
         self.outputs = list(m.outputs)
+        self.mentioned = {i for ins in m.instructions for i in self.reads(ins)}
+        self.mentioned.update(m.outputs)
+        self.mentioned.update(i for ins in m.instructions if isinstance(ins, schema.MoveCall)
+                              for i in (ins.dst,))
 
     def resized_outs(self) -> set[int]:
         found = set()
@@ -272,6 +276,8 @@ class _MethodEncoder:
         dynamism = fbs.DYNAMIC_BOUND if t.dynamic or i in self.resized else fbs.STATIC
         data, alloc = 0, None
         match t.storage:
+            case schema.ConstantData() if i not in self.mentioned:
+                pass  # only views of it are read (aliased or laid out on their own): no data
             case schema.ConstantData(buffer=b):
                 stored = self.constants.buffers[b].data
                 relaid = _contiguous_bytes(t, stored)

@@ -17,6 +17,7 @@ smaller. A model exportir refuses to write as .pte (kernels ExecuTorch lacks) sh
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -168,8 +169,8 @@ def _fmt(x: float | None, digits: int = 2) -> str:
 
 
 def report(rows: dict[str, dict[str, Any]]) -> str:
-    lines = [f"{'model':<28} {'compile ours/ET':>15} {'pte/weights ours':>16} "
-             f"{'pte/weights ET':>14} {'size ours/ET':>12} {'ET-runtime lat ours/ET':>22}"]
+    lines = [(f"{'model':<28} {'compile ours/ET':>15} {'pte/weights ours':>16} "
+             f"{'pte/weights ET':>14} {'size ours/ET':>12} {'ET-runtime lat ours/ET':>22}")]
     for name, r in rows.items():
         w = r.get("weights") or None
         err = next((v for k, v in r.items() if isinstance(v, str) and k != "note"), "")
@@ -208,10 +209,8 @@ def pte_report(entries: list[Any], em: Any, opts: Any) -> None:
     """Measure ``entries`` and print the .pte section (the hook program_bench.py calls)."""
     warm = _Builder(em.BY_NAME["mlp"], em)  # imports and first-call caches, untimed
     for step in (lambda: _et_method(ours_pte(warm())), lambda: _et_method(et_pte(warm()))):
-        try:
+        with contextlib.suppress(Exception):  # the measured run reports any error
             step()
-        except Exception:  # noqa: BLE001 - the measured run reports the error
-            pass
     rows = {}
     for entry in entries:
         print(f"  .pte {entry.name} ...", file=sys.stderr, flush=True)

@@ -51,6 +51,7 @@ def run_in_executorch(data: bytes, name: str, calls: int = 2) -> None:
     second sees the state the first left)."""
     from executorch.runtime import Runtime
 
+    # ExecuTorch's runtime reads ``data`` in place: the caller keeps it alive meanwhile
     method = Runtime.get().load_program(data).load_method("forward")
     eager, args, kwargs = build(BY_NAME[name])
     _, args2, kwargs2 = build(BY_NAME[name])

@@ -38,6 +38,21 @@ def test_executorch_pte_runs_in_exportir_like_eager(name):
     run_in_exportir(executorch_pte(name), name)
 
 
+def test_dynamic_batch_pte_runs_in_executorch_at_other_sizes():
+    from executorch.runtime import Runtime
+
+    import exportir
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()
+    batch = exportir.Dim("batch", min=1, max=16)
+    ep = exportir.export(model, (torch.randn(5, 4),), dynamic_shapes={"input": {0: batch}})
+    data = exportir.to_edge(ep).to_program().pte_buffer()  # ExecuTorch reads it in place
+    method = Runtime.get().load_program(data).load_method("forward")
+    for n in (1, 7, 16):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(method.execute([x])[0], model(x))
+
+
 def test_our_pte_loads_back_in_exportir():
     data = our_pte("mlp")
     assert pte_read.is_pte(data)

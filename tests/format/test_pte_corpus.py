@@ -97,3 +97,50 @@ def test_executorch_pte_in_exportir(name):
     eager_out = tensors(eager(*args, **kwargs))
     if len(eager_out) == len(got):
         assert_same(got, eager_out)
+
+
+def _dynamic_entries() -> list:
+    from corpus.export_models import ENTRIES as entries
+    from program import test_program_dynamic_corpus as pdc
+
+    return [e.name for e in entries if e.name not in pdc.SKIP]
+
+
+@pytest.mark.parametrize("name", _dynamic_entries())
+def test_our_dynamic_pte_in_executorch(name):
+    """The corpus with a dynamic batch (as tests/program/test_program_dynamic_corpus.py
+    exports it) as .pte files, run by ExecuTorch at batch 1, 32 and 64 against eager."""
+    import warnings
+
+    from corpus import export_harness as h
+    from corpus import export_models as em
+    from executorch.runtime import Runtime
+    from export import test_dynamic_corpus as dc
+    from program import test_program_dynamic_corpus as pdc
+
+    import exportir
+
+    mod, args0, kwargs0 = em.build(em.BY_NAME[name])
+    leaves, marked, _, _ = dc._batched(args0, kwargs0)
+    assert leaves and any(marked)
+    args, kwargs = dc._inputs_at(args0, kwargs0, dc.EXPORT_BATCH, seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep = exportir.export(h.deepcopy_module(mod), args, kwargs,
+                             dynamic_shapes=pdc._spec(mod, args, kwargs))
+        pm = exportir.to_edge(ep).to_program()
+    if name in REFUSED:
+        with pytest.raises(PteKernelCoverageError, match=REFUSED[name].replace(".", r"\.")):
+            pm.pte_buffer()
+        return
+    dynamic = dc._dynamic_inputs(ep)
+    data = pm.pte_buffer()  # ExecuTorch's runtime reads the bytes in place: keep them alive
+    method = Runtime.get().load_program(data).load_method("forward")
+    eager = h.deepcopy_module(mod)
+    for b in pdc.RUN_BATCHES:
+        run_args, run_kwargs = dc._inputs_at(args0, kwargs0, b, seed=b, only=dynamic)
+        eager_args, eager_kwargs = dc._inputs_at(args0, kwargs0, b, seed=b, only=dynamic)
+        expected = tensors(eager(*eager_args, **eager_kwargs))
+        flat = [x for x in exportir.pytree.tree_leaves((run_args, run_kwargs))
+                if not isinstance(x, str)]
+        assert_same(tensors(method.execute(flat)), expected)

@@ -374,7 +374,11 @@ class _MethodEncoder:
             raise self.fail(f"instruction {pc}", f"{name}.{overload} takes {n_args} argument(s) "
                             f"in ExecuTorch, the program passes {len(args) - fresh}")
         aliased = [args[r] for r in returns if r >= 0]
-        if len(aliased) == 1:
+        if not returns and name.startswith("aten::"):
+            # an out-list variant (split_copy, unbind_copy: ``Tensor(a!)[] out -> ()``): ExecuTorch
+            # passes the list once more, as its emitter does
+            args.append(args[-1])
+        elif len(aliased) == 1:
             args.append(aliased[0])
         elif aliased:
             args.append(self.add(("TensorList", tuple(aliased))))

@@ -15,7 +15,7 @@ import pytest
 from harness import findings, run_cases, summary
 from pte_files import mutate
 
-CASES = int(os.environ.get("EXPORTIR_FUZZ_CASES", "60"))
+CASES = int(os.environ.get("EXPORTIR_FUZZ_CASES", "40"))
 SEED = int(os.environ.get("EXPORTIR_FUZZ_SEED", "1729"))
 
 

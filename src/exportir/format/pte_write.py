@@ -58,8 +58,9 @@ class PteEncodeError(ValueError):
 
 
 class PteKernelCoverageError(PteEncodeError):
-    """Operators ExecuTorch's portable kernels do not register; ``missing`` maps each operator
-    to the ``method:node (file:line)`` entries calling it."""
+    """Operators ExecuTorch's portable kernels do not register (or refuse an argument of);
+    ``missing`` maps each (with the refused argument, if that is the reason) to the
+    ``method:node (file:line)`` entries calling it."""
 
     def __init__(self, message: str, missing: dict[str, list[str]]) -> None:
         super().__init__(message)
@@ -112,8 +113,8 @@ def check_pte_coverage(program: schema.Program) -> None:
             missing.setdefault(name + (refused or ""), []).append(where)
     if not missing:
         return
-    lines = [(f"{len(missing)} operator(s) have no kernel in ExecuTorch's portable kernel set; "
-             "no .pte was written:")]
+    lines = [(f"{len(missing)} operator(s) ExecuTorch's portable kernels cannot run (no kernel "
+              "registered, or an argument value the kernel refuses); no .pte was written:")]
     lines += [f"  {op}: nodes {', '.join(nodes)}" for op, nodes in sorted(missing.items())]
     lines.append("Fix: decompose these ops before to_program, or save an .xpt for exportir's "
                  "runtime, which runs them.")

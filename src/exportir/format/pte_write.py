@@ -162,6 +162,10 @@ def _dense(t: schema.Tensor, strides: Sequence[int]) -> bool:
     return all(a == b for a, b, n in zip(strides, want, t.sizes) if n > 1)
 
 
+def _expands(view: schema.Tensor, root: Any) -> bool:
+    return isinstance(root, schema.Tensor) and view.numel > root.numel
+
+
 def _contiguous_view(root: schema.Tensor, view: schema.Tensor,
                      v: schema.ViewOf) -> schema.ViewOf | None:
     """``v`` re-expressed over ``root`` laid out contiguously (ExecuTorch's kernels write every
@@ -256,6 +260,14 @@ class _MethodEncoder:
         self.mentioned.update(m.outputs)
         self.mentioned.update(i for ins in m.instructions if isinstance(ins, schema.MoveCall)
                               for i in (ins.dst,))
+        # a broadcast of a constant (an expand: more elements than its base) is copied at run
+        # time from the stored base rather than stored expanded
+        self.mentioned.update(
+            v.storage.base for v in m.values
+            if isinstance(v, schema.Tensor) and isinstance(v.storage, schema.ViewOf)
+            and isinstance(m.values[v.storage.base], schema.Tensor)
+            and _expands(v, m.values[v.storage.base])
+        )
 
     def resized_outs(self) -> set[int]:
         found = set()
@@ -307,7 +319,7 @@ class _MethodEncoder:
         esize = schema.ELEMENT_SIZE[t.dtype]
         if t.dynamic or not isinstance(root, schema.Tensor):
             raise self.fail(f"value {i}", "a view of a dynamic tensor")
-        if isinstance(root.storage, schema.ConstantData):
+        if isinstance(root.storage, schema.ConstantData) and not _expands(t, root):
             stored = self.constants.buffers[root.storage.buffer].data
             if _dense(t, v.strides) and root.dim_order == tuple(range(len(root.sizes))):
                 return self.constants.ref(root.storage.buffer, v.offset * esize), None

@@ -410,6 +410,24 @@ class _PlanReader:
                 self.values[k] = schema.Tensor(v.dtype, v.sizes, tuple(range(len(v.sizes))),
                                                schema.ViewOf(best[1], best[2], strides))
 
+    def drop_unused(self, kept: list[schema.Instruction]) -> None:
+        """A tensor without memory that nothing reads or writes (a constant whose views were
+        laid out on their own) is no value to run: it becomes a Null rather than memory the
+        runtime would reserve."""
+        used = set(self.inputs) | set(self.outputs)
+        for ins in kept:
+            used.update(_mentions(ins))
+        for v in self.values:
+            if isinstance(v, (schema.TensorList, schema.OptionalTensorList)):
+                used.update(v.items)
+            elif isinstance(v, schema.Tensor) and isinstance(v.storage, schema.ViewOf):
+                used.add(v.storage.base)
+        for k, v in enumerate(self.values):
+            if k not in used and isinstance(v, schema.Tensor) and isinstance(
+                v.storage, schema.DynamicStorage
+            ):
+                self.values[k] = schema.Null()
+
     def default_dim_order(self, arg: int, out: int) -> bool:
         order, t = self.values[arg], self.values[out]
         if isinstance(order, schema.Null):
@@ -485,6 +503,7 @@ class _PlanReader:
                 kept.append(found)
         starts.append(len(kept))
         self.alias_unwritten(kept, ops)
+        self.drop_unused(kept)
         instructions, debug = [], []
         for ins in kept:
             if isinstance(ins, schema.JumpFalseCall):

@@ -271,7 +271,7 @@ def weight_bytes(module: nn.Module, args: tuple, kwargs: dict) -> int:
 
 
 def planned_activation_bytes(method: Any) -> int:
-    from exportir.program import schema
+    from exportir.format import schema
 
     return sum(
         v.nbytes
@@ -879,6 +879,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
         print(f"    {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     report(rows, opts)
+    from _pte_rows import pte_report  # ExecuTorch .pte rows: benchmarks/_pte_rows.py
+
+    pte_report(selected, em, opts)
     failed = any(line.split()[0] in ("MISS", "ERROR") for line in summary(rows))
     return 1 if strict and failed else 0
 

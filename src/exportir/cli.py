@@ -259,7 +259,7 @@ def _lower_and_write(ep: Any, backend: str | None, output: str, stages: Any) -> 
     prog = stages.run("to_program", edge.to_program)
     data = stages.run("serialize", lambda: prog.buffer)
     out = Path(output)
-    from exportir.program.serialize import replace_file
+    from exportir.format.serialize import replace_file
 
     try:
         replace_file(out, lambda f: f.write(data))
@@ -349,7 +349,8 @@ def _refuse_archive(path: str, head: bytes) -> None:
 
 
 def cmd_inspect(ns: argparse.Namespace) -> int:
-    from exportir.program import printer, serialize
+    from exportir.format import serialize
+    from exportir.program import printer
 
     data = _read_file(ns.path)
     _refuse_archive(ns.path, data[:4])
@@ -379,7 +380,7 @@ def cmd_inspect(ns: argparse.Namespace) -> int:
 
 
 def _random_inputs(method: Any, generator: torch.Generator) -> list[Any]:
-    from exportir.program import schema
+    from exportir.format import schema
     from exportir.runtime.memory import torch_dtype
 
     inputs = []
@@ -586,7 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
-    from exportir.program.validate import ProgramLoadError
+    from exportir.format.validate import ProgramLoadError
     from exportir.runtime.errors import (
         MethodInputError,
         MissingKernelError,

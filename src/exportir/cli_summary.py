@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from exportir.program import schema
+from exportir.format import schema
 from exportir.program.printer import format_sizes, format_tensor_type, human_bytes
 
 __all__ = ["format_delegates", "format_summary"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from exportir.program import quantized_ops
+from exportir.format import quantized_ops
 
 quantized_ops.define()  # the quantized_decomposed references (torch.ops) the samples compare with
 

@@ -13,7 +13,7 @@ from exportir.backends.fused_cpu import FusedCpuPartitioner
 from exportir.backends.fused_cpu.runtime import BACKEND_ID, FusedCpuRuntime
 from exportir.dialects.backend import executorch_call_delegate
 from exportir.export import export
-from exportir.program import schema
+from exportir.format import schema
 from exportir.program.manager import to_edge
 from exportir.program.transform_and_lower import to_edge_transform_and_lower
 from exportir.runtime import (

@@ -11,8 +11,8 @@ import pytest
 import torch
 from runtime.runtime_programs import F32, MethodBuilder, program_of
 
-from exportir.program import schema
-from exportir.program.validate import LoadLimits
+from exportir.format import schema
+from exportir.format.validate import LoadLimits
 from exportir.runtime import Program, RuntimeFailure
 from exportir.runtime.backends.fused_cpu import (
     BACKEND_ID,

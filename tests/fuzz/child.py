@@ -1,7 +1,7 @@
 """The fuzz suite's child process: load and run each case file, report one outcome per case.
 
-    python tests/fuzz/child.py {xpt|pt2} MANIFEST.json START
-    python tests/fuzz/child.py {xpt|pt2} CASE_FILE           # reproduce one finding
+    python tests/fuzz/child.py {xpt|pte|pt2} MANIFEST.json START
+    python tests/fuzz/child.py {xpt|pte|pt2} CASE_FILE           # reproduce one finding
 
 ``MANIFEST`` is a JSON list of case file paths; cases from ``START`` on are run in order. Before
 a case the child prints ``{"start": i}``, after it ``{"case": i, "outcome": ..., "detail": ...}``
@@ -74,7 +74,7 @@ def _failure(exc: BaseException, where: str) -> dict[str, str]:
 
 
 def _inputs(meta: Any, seed: int) -> list[Any]:
-    from exportir.program import schema
+    from exportir.format import schema
 
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -166,7 +166,7 @@ def _reference(program: Any, meta: Any, got: Any) -> dict[str, str]:
 
 
 def _limits() -> Any:
-    from exportir.program.validate import LoadLimits
+    from exportir.format.validate import LoadLimits
 
     return LoadLimits(**LIMITS)
 
@@ -223,7 +223,7 @@ def run_pt2(data: bytes) -> dict[str, str]:
     return _outcome("ran")
 
 
-RUNNERS = {"xpt": run_xpt, "pt2": run_pt2}
+RUNNERS = {"xpt": run_xpt, "pte": run_xpt, "pt2": run_pt2}  # Program.load reads .pte too
 
 
 def main() -> None:

@@ -133,6 +133,23 @@ def xpt_seeds() -> dict[str, bytes]:
     return seeds
 
 
+def pte_seeds() -> dict[str, bytes]:
+    """ExecuTorch .pte files exportir writes: each model of :func:`xpt_seeds` on the portable
+    road that the .pte format carries (a model it refuses is no seed)."""
+    from exportir.format.pte_write import PteEncodeError
+
+    seeds = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, (model, args, shapes) in _models().items():
+            ep = exportir.export(model, args, dynamic_shapes=shapes)
+            try:
+                seeds[name] = exportir.to_edge(ep).to_program().pte_buffer()
+            except PteEncodeError:
+                continue
+    return seeds
+
+
 def pt2_seeds() -> dict[str, bytes]:
     """Saved ExportedPrograms (``exportir.save``): static ones (format 1.0 content) and, with
     a ``shape_env`` section (1.1), the dynamic, map and data-dependent ones."""

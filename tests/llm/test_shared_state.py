@@ -14,10 +14,10 @@ import torch
 from toy_lm import eager_greedy, toy_lm
 
 import exportir
+from exportir.format.validate import ProgramLoadError
 from exportir.program import schema, serialize
 from exportir.program.emit import EmitConfig, EmitError
 from exportir.program.llm import export_llm
-from exportir.program.validate import ProgramLoadError
 from exportir.runtime import Program, generate, llm_info
 
 PROMPT = [5, 9, 33, 2, 17]

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from exportir.program import schema
+from exportir.format import schema
 
 _PRIMS = {
     "add": operator.add, "sub": operator.sub, "mul": operator.mul,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from exportir.program import schema
-from exportir.program.schema import (
+from exportir.format import schema
+from exportir.format.schema import (
     Allocation,
     Bool,
     BoolList,

@@ -13,7 +13,7 @@ import torch
 import exportir
 import exportir.debug
 from exportir.backends.fused_cpu import FusedCpuPartitioner
-from exportir.program import schema
+from exportir.format import schema
 from exportir.program.manager import ProgramManager
 from exportir.runtime import default_kernel_registry
 

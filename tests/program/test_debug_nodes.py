@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from program_samples import sample_program
 
+from exportir.format.validate import MAX_DEBUG_STRING, ProgramLoadError, validate_program
 from exportir.program import _codec, schema, serialize
-from exportir.program.validate import MAX_DEBUG_STRING, ProgramLoadError, validate_program
 
 DATA = Path(__file__).resolve().parent / "data"
 

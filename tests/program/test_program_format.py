@@ -100,7 +100,7 @@ def test_file_overhead_is_small_for_weight_heavy_programs():
 
 
 def test_format_modules_import_without_torch():
-    code = ("import sys; import exportir.program.serialize, exportir.program.validate, "
+    code = ("import sys; import exportir.format.serialize, exportir.format.validate, "
             "exportir.program.printer; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env={"PYTHONPATH": str(SRC)})

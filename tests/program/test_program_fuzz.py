@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from program_samples import view_program
 
+from exportir.format.validate import ProgramLoadError
 from exportir.program import serialize, validate
-from exportir.program.validate import ProgramLoadError
 
 GOOD = serialize.serialize_program(view_program())  # every value, storage and instruction kind
 _SETTINGS = settings(max_examples=300, deadline=None,

@@ -15,8 +15,8 @@ from torch import nn
 
 import exportir
 from exportir.backends.fused_cpu import FusedCpuPartitioner
+from exportir.format.validate import LoadLimits, ProgramLoadError
 from exportir.program import planning, schema, serialize
-from exportir.program.validate import LoadLimits, ProgramLoadError
 from exportir.runtime import Program
 from exportir.runtime.errors import ResourceLimitExceeded
 

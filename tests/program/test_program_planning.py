@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from exportir.format.planning import BufferRequest, Lifetime, MemoryPlan, PlanError
+from exportir.format.schema import Allocation, InputStorage, KernelCall, MoveCall, TensorList
 from exportir.program import planning, schema
-from exportir.program.planning import BufferRequest, Lifetime, MemoryPlan, PlanError
-from exportir.program.schema import Allocation, InputStorage, KernelCall, MoveCall, TensorList
 
 
 def _brute_force_no_overlap(plan: MemoryPlan) -> None:

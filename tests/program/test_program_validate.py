@@ -10,8 +10,7 @@ import zlib
 import pytest
 from program_samples import sample_program
 
-from exportir.program import schema, serialize, validate
-from exportir.program.schema import (
+from exportir.format.schema import (
     Allocation,
     ConstantData,
     DebugEntry,
@@ -30,7 +29,8 @@ from exportir.program.schema import (
     TensorList,
     ViewOf,
 )
-from exportir.program.validate import LoadLimits, ProgramLoadError
+from exportir.format.validate import LoadLimits, ProgramLoadError
+from exportir.program import schema, serialize, validate
 
 F32 = ScalarType.FLOAT
 
@@ -202,7 +202,7 @@ def test_limits_are_configurable():
 
 
 def _codec_tree(program: schema.Program) -> dict:
-    from exportir.program import _codec
+    from exportir.format import _codec
 
     constants, delegates, _ = serialize._data_layout(program, 16)
     return _codec.encode_program(program, constants, delegates)

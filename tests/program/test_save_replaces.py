@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import exportir
-from exportir.program.serialize import replace_file
+from exportir.format.serialize import replace_file
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 

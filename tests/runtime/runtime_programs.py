@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from exportir.program import schema
-from exportir.program.schema import (
+from exportir.format import schema
+from exportir.format.schema import (
     Allocation,
     ConstantBuffer,
     ConstantData,

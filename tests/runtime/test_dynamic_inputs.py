@@ -17,8 +17,8 @@ from runtime_programs import MethodBuilder
 
 import exportir
 from exportir.backends.fused_cpu import FusedCpuPartitioner
+from exportir.format.validate import ProgramLoadError
 from exportir.program import printer, schema, serialize
-from exportir.program.validate import ProgramLoadError
 from exportir.runtime import MethodInputError, Program
 
 DATA = Path(__file__).resolve().parents[1] / "program" / "data"

@@ -11,7 +11,7 @@ import torch
 from corpus.export_models import BY_NAME, ENTRIES, build
 
 from exportir import pytree
-from exportir.program import schema
+from exportir.format import schema
 from exportir.runtime import MethodInputError, Program, default_kernel_registry
 from exportir.runtime.kernel_table import KERNEL_TABLE
 

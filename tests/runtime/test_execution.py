@@ -12,7 +12,7 @@ import pytest
 import torch
 from runtime_programs import MethodBuilder, add_mul_builder, program_of
 
-from exportir.program import schema
+from exportir.format import schema
 from exportir.runtime import MethodInputError, Program, RuntimeFailure, default_kernel_registry
 
 

@@ -14,18 +14,21 @@ import torch
 
 SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
 
-# exportir modules the runtime may load: the program format (validate verifies memory plans
-# with the pure, stdlib-only planning.verify_plan and estimates work with the stdlib-only
+# exportir modules the runtime may load: the program format package (validate verifies memory
+# plans with the pure, stdlib-only planning.verify_plan and estimates work with the stdlib-only
 # work module) and the runtime's own modules.
 ALLOWED = {
     "exportir",
-    "exportir.program",
-    "exportir.program.schema",
-    "exportir.program.serialize",
-    "exportir.program.validate",
-    "exportir.program._codec",
-    "exportir.program.planning",
-    "exportir.program.work",
+    "exportir.format",
+    "exportir.format.schema",
+    "exportir.format.serialize",
+    "exportir.format.validate",
+    "exportir.format._codec",
+    "exportir.format.planning",
+    "exportir.format.work",
+    "exportir.format.pte_read",  # ExecuTorch's .pte files (stdlib-only, like the rest)
+    "exportir.format._pte_fbs",
+    "exportir.format.pte_kernels",
 }
 
 PROBE = textwrap.dedent(
@@ -65,7 +68,7 @@ def test_runtime_import_loads_only_the_program_format():
 def test_loading_and_running_a_file_loads_only_the_program_format(tmp_path):
     from runtime_programs import add_mul_program
 
-    from exportir.program import serialize
+    from exportir.format import serialize
 
     path = tmp_path / "m.xpt"
     serialize.save(add_mul_program(), path)

@@ -20,8 +20,8 @@ from runtime_programs import F32, MethodBuilder, program_of
 
 import exportir
 import exportir.runtime
+from exportir.format.validate import LoadLimits, ResourceLimitError
 from exportir.program import schema, serialize
-from exportir.program.validate import LoadLimits, ResourceLimitError
 from exportir.runtime import Program
 from exportir.runtime.errors import ResourceLimitExceeded
 
@@ -242,7 +242,7 @@ def test_a_tiny_program_of_minutes_of_work_is_refused_under_a_work_budget():
 
 
 def test_the_work_budget_admits_real_programs():
-    from exportir.program.work import method_work
+    from exportir.format.work import method_work
 
     x = torch.randn(4, 16)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from runtime_programs import add_mul_program, view_program
 
-from exportir.program import serialize
+from exportir.format import serialize
 from exportir.runtime import Program, ProgramLoadError
 
 DATA = serialize.serialize_program(add_mul_program())

@@ -14,7 +14,7 @@ import torch
 
 import exportir
 from exportir.backends.fused_cpu import FusedCpuPartitioner
-from exportir.program import serialize
+from exportir.format import serialize
 from exportir.runtime import Program
 from exportir.runtime.instrument import Session, instrumented_state
 

@@ -18,7 +18,7 @@ from torch.utils import _pytree as tree
 
 import exportir
 from exportir.backends.fused_cpu import FusedCpuPartitioner
-from exportir.program import schema
+from exportir.format import schema
 from exportir.runtime import DelegateRegistry, Program
 
 THREADS, CALLS, INPUTS = 8, 25, 6

@@ -15,7 +15,7 @@ import exportir
 from exportir import fx
 from exportir.backends.fused_cpu import FusedCpuPartitioner
 from exportir.cli import main as cli_main
-from exportir.program.validate import ProgramLoadError
+from exportir.format.validate import ProgramLoadError
 from exportir.viewer import ViewerError, load_file, page_model, to_html, view
 
 PAYLOAD = '</script><script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from exportir.export.serialize.common import SerializationError
-from exportir.program.validate import ProgramLoadError
+from exportir.format.validate import ProgramLoadError
 from exportir.viewer import to_html
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fuzz"))  # its modules import flat

@@ -30,7 +30,7 @@ from exportir.debug._modules import (
     last_nodes,
 )
 from exportir.debug._reference import ReferenceRun, run_reference
-from exportir.program import schema
+from exportir.format import schema
 from exportir.program.kernels import source_line
 
 __all__ = ["DriftReport", "ModuleComparison", "NodeComparison", "OutputComparison", "compare"]

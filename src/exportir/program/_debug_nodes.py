@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from exportir.format import schema
+from exportir.format.validate import MAX_DEBUG_STRING
 from exportir.fx import Node
-from exportir.program import schema
 from exportir.program.kernels import source_line
-from exportir.program.validate import MAX_DEBUG_STRING
 
 
 def target_name(target: Any) -> str:

@@ -6,7 +6,7 @@ jump back. ``while_loop`` is its cond graph, a jump out when it is false, the bo
 the body's results into the loop-carried values, and a jump back. Loop state (the counter,
 carried values, the map's outputs) is mentioned before and inside the loop, so the planner
 keeps it live across the loop; values made inside the body are planned per iteration
-(:func:`exportir.program.planning.lifetimes`).
+(:func:`exportir.format.planning.lifetimes`).
 
 Map::
 
@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from exportir.format import schema
 from exportir.fx import Node
-from exportir.program import kernels, schema
+from exportir.program import kernels
 from exportir.program.kernels import EmitError
 
 if TYPE_CHECKING:

@@ -14,9 +14,10 @@ from typing import Any
 
 import torch
 
+from exportir.format import planning, schema
 from exportir.fx import Node
 from exportir.fx.node import map_arg
-from exportir.program import kernels, planning, schema
+from exportir.program import kernels
 from exportir.program._debug_nodes import DebugNodes
 from exportir.program._emit_loops import LOOPS
 from exportir.program._input_dims import input_sizes

@@ -16,7 +16,7 @@ from typing import Any
 
 import sympy
 
-from exportir.program import schema
+from exportir.format import schema
 
 
 def _int_or_none(x: Any) -> int | None:

@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from exportir.program import _emit_method, kernels, planning, schema, validate
+from exportir.format import planning, schema, validate
+from exportir.program import _emit_method, kernels
 from exportir.program.kernels import (
     ControlFlowNotSupportedError,
     EmitError,

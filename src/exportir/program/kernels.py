@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
+from exportir.format import quantized_ops, schema
 from exportir.fx import Node
-from exportir.program import quantized_ops, schema
 
 # graph-level no-ops: runtime assertions the emitter drops
 SKIPPED_OPS: frozenset[str] = frozenset(
@@ -450,7 +450,7 @@ def kernel_table() -> dict[str, str]:
     """The operators a program file may name and their schemas (``aten::add.out`` ->
     ``str(schema)``): the out variants the emitter runs edge ops as, plus
     :data:`EMITTER_OUT_VARIANTS` and the quantize / dequantize out variants
-    (:data:`exportir.program.quantized_ops.OUT_VARIANTS`), minus :data:`NOT_IN_KERNEL_TABLE`. The runtime's committed
+    (:data:`exportir.format.quantized_ops.OUT_VARIANTS`), minus :data:`NOT_IN_KERNEL_TABLE`. The runtime's committed
     copy (``exportir.runtime.kernel_table``) is generated from this by
     ``scripts/gen_kernel_table.py``; a test keeps the two equal."""
     outs = {qualified_name(c.out): c.out for c in map(out_variant, edge_operators()) if c}

@@ -291,7 +291,7 @@ class ProgramManager:
                 f"no data yet ({shown}{', ...' if len(missing) > 5 else ''}); attach them with "
                 "attach_weights(checkpoint.safetensors) before saving")
         if self._buffer is None:
-            from exportir.program.serialize import serialize_program
+            from exportir.format.serialize import serialize_program
 
             self._buffer = serialize_program(self.program)
         return self._buffer
@@ -304,12 +304,32 @@ class ProgramManager:
 
         return ETRecord.of(self)
 
-    def write_to_file(self, f: Any) -> None:
-        f.write(self.buffer)
+    def pte_buffer(self) -> bytes:
+        """The program as an ExecuTorch ``.pte`` file (docs/format/pte.md): same emission and
+        memory plan, ExecuTorch's encoding. Raises ``PteEncodeError`` (a ``ValueError``) before
+        writing anything ExecuTorch's portable runtime cannot run, listing the missing kernels."""
+        from exportir.format.pte_write import write_pte
 
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the program file to ``path``, replacing it in one step (a program loaded from
-        the old file keeps running on it)."""
-        from exportir.program.serialize import replace_file
+        return write_pte(self.program)
 
-        replace_file(path, self.write_to_file)
+    def write_to_file(self, f: Any, format: str = "xpt") -> None:
+        f.write(self._encoded(format))
+
+    def save(self, path: str | os.PathLike[str], format: str | None = None) -> None:
+        """Write the program to ``path``: ``format="pte"`` (or a ``.pte`` suffix) writes
+        ExecuTorch's format, ``"xpt"`` (the default otherwise) exportir's."""
+        if format is None:
+            format = "pte" if os.fspath(path).lower().endswith(".pte") else "xpt"
+        data = self._encoded(format)  # encode first: a refused program leaves no file behind
+        from exportir.format.serialize import replace_file
+
+        # a new file renamed over the old one: a program loaded from the old file keeps running
+        replace_file(path, lambda f: f.write(data))
+
+    def _encoded(self, format: str) -> bytes:
+        if format == "xpt":
+            return self.buffer
+        if format == "pte":
+            return self.pte_buffer()
+        raise ValueError(f"unknown program format {format!r}; choose 'xpt' (exportir's) or "
+                         "'pte' (ExecuTorch's)")

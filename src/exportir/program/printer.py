@@ -7,7 +7,7 @@ node and the user's source line of each); then the file's size breakdown when a
 
 from __future__ import annotations
 
-from exportir.program import schema
+from exportir.format import schema
 
 _SHORT = {
     schema.ScalarType.BYTE: "u8", schema.ScalarType.CHAR: "i8", schema.ScalarType.SHORT: "i16",

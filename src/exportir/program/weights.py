@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from exportir.export.serialize.tensors import open_tensors
-from exportir.program import schema
+from exportir.format import schema
 
 __all__ = ["DeferredWeight", "WeightsError", "attach_weights", "deferred_weights", "load_safetensors"]
 

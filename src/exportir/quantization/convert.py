@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
+from exportir.format import quantized_ops
 from exportir.fx.graph_module import GraphModule
 from exportir.fx.node import Node
-from exportir.program import quantized_ops
 from exportir.quantization._graph import (
     add_constant,
     attr_value,

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from exportir.program.quantized_ops import QVALUE_BOUNDS
+from exportir.format.quantized_ops import QVALUE_BOUNDS
 
 __all__ = [
     "MinMaxObserver",

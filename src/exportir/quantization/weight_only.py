@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from exportir.program import quantized_ops
+from exportir.format import quantized_ops
 
 __all__ = [
     "Int4WeightOnlyConfig",

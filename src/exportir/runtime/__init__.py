@@ -9,12 +9,12 @@
     out = forward(x)                          # outputs are copies, safe across calls
 
 The runtime imports only torch, the standard library and the program format
-(``exportir.program.schema`` / ``serialize`` / ``validate``) — never the capture stack.
+(``exportir.format.schema`` / ``serialize`` / ``validate``) — never the capture stack.
 Kernels come from a :class:`KernelRegistry` (ATen out variants by default) and delegates from a
 :class:`DelegateRegistry`; both are explicit objects passed to :meth:`Program.load`.
 """
 
-from exportir.program.validate import ProgramLoadError
+from exportir.format.validate import ProgramLoadError
 from exportir.runtime.delegates import BackendRuntime, DelegateRegistry, default_delegate_registry
 from exportir.runtime.errors import (
     DelegateInitError,

@@ -4,7 +4,7 @@ Every failure that happens while a method is prepared or executed is a :class:`R
 that names where it happened in terms the user knows: the instruction index, the operator (or
 delegate), the graph node the instruction was emitted from and the user's source line recorded in
 the method's debug table. Problems with the caller's inputs are :class:`MethodInputError`.
-Problems with the file itself are ``exportir.program.validate.ProgramLoadError`` (raised by
+Problems with the file itself are ``exportir.format.validate.ProgramLoadError`` (raised by
 ``Program.load`` before anything runs); :class:`MissingKernelError` and
 :class:`MissingBackendError` are both: load errors that also name the instruction.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exportir.program.validate import ProgramLoadError
+from exportir.format.validate import ProgramLoadError
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from exportir.program import schema
+from exportir.format import schema
 from exportir.runtime import memory
 from exportir.runtime.errors import MethodInputError
 

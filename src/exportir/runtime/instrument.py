@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from exportir.program import schema
+from exportir.format import schema
 from exportir.runtime.kernels import canonical_op_name
 from exportir.runtime.method import Method, MethodState
 

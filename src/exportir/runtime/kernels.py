@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from exportir.program import schema
+from exportir.format import schema
 from exportir.runtime import operands
 from exportir.runtime.bindings import Call, fast_call, functional_call, split_arguments
 from exportir.runtime.bindings import bind as bind_call
@@ -188,7 +188,7 @@ def canonical_op_name(name: str, overload: str | None = None) -> str:
 # torch.library namespaces the runtime defines before looking their ops up (torch defines them
 # only when its own quantization stack is imported): namespace -> module whose ``define()`` does
 # it, imported only when a program calls such an op
-_LIBRARIES: Mapping[str, str] = {"quantized_decomposed": "exportir.program.quantized_ops"}
+_LIBRARIES: Mapping[str, str] = {"quantized_decomposed": "exportir.format.quantized_ops"}
 
 _NAME_PART = re.compile(r"(?!__)[A-Za-z_][A-Za-z0-9_]*\Z")
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from exportir.program import schema
+from exportir.format import schema
 
 TORCH_DTYPES: dict[schema.ScalarType, torch.dtype] = {
     st: getattr(torch, name)

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exportir.program import schema, work
-from exportir.program.validate import ResourceLimitError
+from exportir.format import schema, work
+from exportir.format.validate import ResourceLimitError
 from exportir.runtime import memory, treespec
 from exportir.runtime._steps import (
     _copy_call,

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exportir.program import schema
+from exportir.format import schema
 
 Kinds = frozenset[type]
 

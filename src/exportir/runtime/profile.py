@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from exportir.program import schema
+from exportir.format import schema
 from exportir.runtime.instrument import (
     NodeInfo,
     Session,

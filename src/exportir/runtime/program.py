@@ -1,7 +1,7 @@
 """A loaded program file: ``Program.load(path_or_bytes)``.
 
-Loading reads and **fully validates** the file (``exportir.program.serialize`` /
-``exportir.program.validate``: header, checksums, every index, value kind, tensor size, storage
+Loading reads and **fully validates** the file (``exportir.format.serialize`` /
+``exportir.format.validate``: header, checksums, every index, value kind, tensor size, storage
 range and the memory plan) and **types** every method against the kernels it calls
 (:mod:`exportir.runtime.typecheck`: operators in the kernel table, operand kinds, no write to a
 constant or a view, define before use) before anything runs; a malformed file raises
@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from exportir.program import schema, serialize
-from exportir.program.validate import (
+from exportir.format import pte_read, schema, serialize
+from exportir.format.validate import (
     DEFAULT_LIMITS,
     LoadLimits,
     ProgramLoadError,
@@ -118,7 +118,8 @@ class Program:
         verify_data: bool = True,
         limits: LoadLimits = DEFAULT_LIMITS,
     ) -> Program:
-        """Load a program file (a path, memory-mapped) or its bytes, validating it fully.
+        """Load a program file (a path, memory-mapped) or its bytes, validating it fully: an
+        exportir ``.xpt`` or an ExecuTorch ``.pte`` of portable kernels (told apart by content).
 
         ``kernels`` / ``delegates`` default to fresh default registries. ``verify_data`` checks
         the data segment's checksum (it reads every weight page once; skip it for huge,
@@ -133,7 +134,11 @@ class Program:
         else:
             name = os.fspath(source)
             data = mapping = _map_file(name)
-        program = serialize.deserialize_program(data, verify_data=verify_data, limits=limits)
+        if pte_read.is_pte(data):  # ExecuTorch's format (docs/format/pte.md)
+            program = pte_read.read_pte(data, limits)
+            validate_program(program, limits)
+        else:
+            program = serialize.deserialize_program(data, verify_data=verify_data, limits=limits)
         return cls(program, kernels=kernels, delegates=delegates, mapping=mapping, source=name,
                    limits=limits)
 

@@ -1,6 +1,6 @@
 """Load-time typing of a program against the runtime's kernels: nothing runs before it passes.
 
-``Program.load`` validates the file's structure (``exportir.program.validate``: indices, sizes,
+``Program.load`` validates the file's structure (``exportir.format.validate``: indices, sizes,
 storage, the memory plan), then :func:`check_program` types every method against the kernels
 it would call:
 
@@ -36,8 +36,8 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 
-from exportir.program import schema
-from exportir.program.validate import DEFAULT_LIMITS, LoadLimits, ProgramLoadError
+from exportir.format import schema
+from exportir.format.validate import DEFAULT_LIMITS, LoadLimits, ProgramLoadError
 from exportir.runtime import operands, shapes, treespec
 from exportir.runtime.errors import FailureSite, MissingKernelError
 from exportir.runtime.kernels import Kernel, KernelRegistry, canonical_op_name, missing_kernel

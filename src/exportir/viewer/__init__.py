@@ -36,7 +36,7 @@ def _load_pt2(path: str) -> Any:
 
 
 def _load_xpt(path: str) -> Any:
-    from exportir.program.serialize import load as load_program
+    from exportir.format.serialize import load as load_program
 
     return load_program(path)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exportir.program import schema
+from exportir.format import schema
 from exportir.program.printer import (
     format_instruction,
     format_tensor_type,

@@ -1,7 +1,7 @@
 """The fused CPU backend's quantized kernels (entries of :data:`.kernels.KERNELS`).
 
 - ``quantized_decomposed.*``: quantize / dequantize / choose_qparams, the same functions the
-  portable runtime's out variants run (:mod:`exportir.program.quantized_ops`, imported and its
+  portable runtime's out variants run (:mod:`exportir.format.quantized_ops`, imported and its
   ops registered with torch on first use);
 - ``onednn.qlinear_pointwise`` (``.default``: static qparams, ``.tensor``: qparams computed at
   run time): oneDNN's int8 linear. A constant int8 weight is packed once, at load; the kernel
@@ -29,7 +29,7 @@ import torch
 
 __all__ = ["QUANTIZED_KERNEL_FNS", "DenseWeight", "define_library", "pack_qlinear_weight"]
 
-_LIBRARY_MODULE = "exportir.program.quantized_ops"
+_LIBRARY_MODULE = "exportir.format.quantized_ops"
 NAMESPACES = frozenset({"quantized_decomposed"})
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from exportir.program import schema
+from exportir.format import schema
 
 
 class PlanError(ValueError):

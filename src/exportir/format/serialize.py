@@ -23,8 +23,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from exportir.program import _codec, schema
-from exportir.program.validate import (
+from exportir.format import _codec, schema
+from exportir.format.validate import (
     DEFAULT_LIMITS,
     LoadLimits,
     ProgramLoadError,

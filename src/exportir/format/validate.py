@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exportir.program import planning, schema, work
+from exportir.format import planning, schema, work
 
 
 class ProgramLoadError(ValueError):
@@ -46,7 +46,7 @@ class ResourceLimitError(ProgramLoadError):
 
 def _raise_hint(limit: str) -> str:
     return (f"if you trust this file, load it with a larger limits=LoadLimits({limit}=...) "
-            "(exportir.program.validate.LoadLimits)")
+            "(exportir.format.validate.LoadLimits)")
 
 
 @dataclass(frozen=True, slots=True)

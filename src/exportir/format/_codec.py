@@ -12,8 +12,8 @@ import base64
 import binascii
 from typing import Any
 
-from exportir.program import schema
-from exportir.program.validate import ProgramLoadError
+from exportir.format import schema
+from exportir.format.validate import ProgramLoadError
 
 # ------------------------------------------------------------------------------ encoding
 

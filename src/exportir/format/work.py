@@ -7,7 +7,7 @@ other kernel, move or delegate call the elements of its tensor operands and resu
 counts its logical elements: an ``expand`` of one element to 8192 x 8192 costs 67M). Dynamic
 sizes count at their upper bounds, and every instruction counts once (jumps only go forward),
 so the estimate bounds a call's work from above up to the per-element constant.
-:class:`~exportir.program.validate.LoadLimits` ``max_work`` compares it with a budget.
+:class:`~exportir.format.validate.LoadLimits` ``max_work`` compares it with a budget.
 Imports only the standard library and the format.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from math import prod
 
-from exportir.program import schema
+from exportir.format import schema
 
 __all__ = ["instruction_work", "method_work"]
 

@@ -1,0 +1,71 @@
+"""Shared by the .pte tests: compile corpus models both ways and compare with eager."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from corpus.export_models import BY_NAME, build
+
+from exportir import pytree
+
+
+def tensors(tree) -> list[torch.Tensor]:
+    return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+def flat_inputs(args: tuple, kwargs: dict) -> list:
+    """What a flat-input runtime call takes: the leaves of (args, kwargs), str ones left out
+    (a str input is fixed at export)."""
+    return [x for x in pytree.tree_leaves((args, kwargs)) if not isinstance(x, str)]
+
+
+def assert_same(got: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+
+
+def our_pte(name: str) -> bytes:
+    """Corpus model ``name`` compiled by exportir and written as a .pte."""
+    from exportir.export import export
+    from exportir.program.manager import to_edge
+
+    module, args, kwargs = build(BY_NAME[name])
+    return to_edge(export(module, args, kwargs)).to_program().pte_buffer()
+
+
+def executorch_pte(name: str) -> bytes:
+    """Corpus model ``name`` compiled by ExecuTorch (torch.export -> to_edge ->
+    to_executorch), the oracle's own .pte."""
+    from executorch.exir import to_edge
+
+    module, args, kwargs = build(BY_NAME[name])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return to_edge(torch.export.export(module, args, kwargs)).to_executorch().buffer
+
+
+def run_in_executorch(data: bytes, name: str, calls: int = 2) -> None:
+    """Load ``data`` in ExecuTorch's runtime and check ``calls`` calls against eager (the
+    second sees the state the first left)."""
+    from executorch.runtime import Runtime
+
+    # ExecuTorch's runtime reads ``data`` in place: the caller keeps it alive meanwhile
+    method = Runtime.get().load_program(data).load_method("forward")
+    eager, args, kwargs = build(BY_NAME[name])
+    _, args2, kwargs2 = build(BY_NAME[name])
+    for _ in range(calls):
+        expected = tensors(eager(*args, **kwargs))
+        assert_same(tensors(method.execute(flat_inputs(args2, kwargs2))), expected)
+
+
+def run_in_exportir(data: bytes, name: str, calls: int = 2) -> None:
+    from exportir.runtime import Program
+
+    method = Program.load(data).method("forward")
+    eager, args, kwargs = build(BY_NAME[name])
+    _, args2, kwargs2 = build(BY_NAME[name])
+    for _ in range(calls):
+        expected = tensors(eager(*args, **kwargs))
+        assert_same(tensors(method.execute(flat_inputs(args2, kwargs2))), expected)

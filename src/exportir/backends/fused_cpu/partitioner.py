@@ -58,7 +58,11 @@ LAYOUT_OPS = frozenset({
 })  # fmt: skip
 
 # ATen ops kept whole through core decomposition for this backend.
-KEEP_WHOLE = (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,)
+KEEP_WHOLE = (
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.aten.lstm.input,
+    torch.ops.aten.gru.input,
+)
 
 _CONV = "aten.convolution.default"
 _BN = "aten._native_batch_norm_legit_no_training.default"

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from exportir.runtime.backends.fused_cpu.quantized import QUANTIZED_KERNEL_FNS, define_library
+from exportir.runtime.backends.fused_cpu.rnn import RNN_KERNELS, RnnShapeError
 
 __all__ = [
     "INPLACE",
@@ -235,6 +236,18 @@ def _mkldnn_kernels() -> dict[str, Kernel]:
     }
 
 
+def _schema_errors(prepare: Callable[..., tuple[Any, ...]]) -> Callable[..., tuple[Any, ...]]:
+    """``prepare`` whose argument errors (:class:`RnnShapeError`) are :class:`SchemaMismatch`."""
+
+    def checked(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> tuple[Any, ...]:
+        try:
+            return prepare(args, constant)
+        except RnnShapeError as e:
+            raise SchemaMismatch(str(e)) from None
+
+    return checked
+
+
 # ------------------------------------------------------------------------------ the table
 
 
@@ -334,6 +347,8 @@ KERNELS: dict[str, Kernel] = {
     "aten._native_batch_norm_legit_functional.default": Kernel(_bn_functional),
     **_LAYOUT,
     **(_mkldnn_kernels() if hasattr(torch.ops.mkldnn, "_convolution_pointwise") else {}),
+    # LSTM / GRU over the whole sequence, shapes checked (.rnn)
+    **{name: Kernel(fn, prepare=_schema_errors(prepare)) for name, (fn, prepare) in RNN_KERNELS.items()},
     # int8 / int4: quantize-dequantize, oneDNN's qlinear, weight-only matmuls (.quantized)
     **{name: Kernel(fn, prepare=prepare) for name, (fn, prepare) in QUANTIZED_KERNEL_FNS.items()},
 }  # fmt: skip

@@ -153,7 +153,16 @@ SAMPLES.update({
     "mkldnn._convolution_pointwise.default": [
         ((_x4, _r(4, 3, 3, 3), _r(4), [1, 1], [1, 1], [1, 1], 1, "none", [], None), {}),
         ((_x4, _r(6, 1, 3, 3), None, [0, 0], [2, 2], [1, 1], 3, "relu", [], None), {}),
+        ((_x4, _r(4, 3, 3, 3), _r(4), [1, 1], [1, 1], [1, 1], 1, "hardtanh", [0.0, 6.0], None), {}),
+        ((_x4, _r(4, 3, 3, 3), None, [1, 1], [1, 1], [1, 1], 1, "swish", [], None), {}),
+        ((_x4, _r(4, 3, 3, 3), None, [1, 1], [1, 1], [1, 1], 1, "hardswish", [], None), {}),
     ],
+    "mkldnn._linear_pointwise.default": [
+        ((_r(40, 16), _r(8, 16), _r(8), "none", [], None), {}),
+        ((_r(2, 20, 16), _r(8, 16), None, "gelu", [], "tanh"), {}),
+        ((_r(40, 16), _r(8, 16), _r(8), "hardtanh", [0.0, 6.0], None), {}),
+    ],
+    "mkldnn._linear_pointwise.binary": [((_r(40, 16), _r(40, 8), _r(8, 16), _r(8), "add"), {})],
     "mkldnn._convolution_pointwise.binary": [
         ((_x4, _r(2, 4, 5, 5), _r(4, 3, 3, 3), _r(4), [1, 1], [1, 1], [1, 1], 1, "add", None, "relu", [], None), {}),
         ((_x4, _r(2, 4, 5, 5), _r(4, 3, 3, 3), None, [1, 1], [1, 1], [1, 1], 1, "add", None, None, [], None), {}),

@@ -73,7 +73,9 @@ def test_linear_with_each_epilogue_matches_eager(act, attr):
 def test_convolution_with_each_activation_matches_eager(act, attr):
     torch.manual_seed(0)
     ops = _check(_Conv(act), torch.randn(1, 8, 40, 40))
-    assert [(op[0], op[1][7]) for op in ops] == [("mkldnn._convolution_pointwise.default", attr)]
+    assert [op[0] for op in ops] == ["aten.clone.default", "mkldnn._convolution_pointwise.default"]
+    assert ops[0][2] == {"memory_format": {"memory_format": "channels_last"}}  # NHWC for oneDNN
+    assert ops[1][1][7] == attr
 
 
 def test_a_single_row_linear_keeps_torchs_kernel():

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from exportir.backends.fused_cpu.conv import CONV_FUSIONS, CONV_RULES
+from exportir.backends.fused_cpu.conv import CONV_FUSIONS, CONV_RULES, channels_last
 from exportir.backends.fused_cpu.epilogue import EPILOGUE_FUSIONS, LINEAR_RULES
 from exportir.backends.fused_cpu.ir import Graph, Op, Value, static_shape, values_in
 from exportir.backends.fused_cpu.layout import LAYOUT_RULES
@@ -425,4 +425,5 @@ def optimize(g: Graph) -> Graph:
     _settle(g)
     if _apply_rules(g, KERNEL_RULES):
         _settle(g)
+    channels_last(g)  # last: the layout rules would see the conversions as copies to drop
     return g

@@ -1,6 +1,7 @@
 """exportir's program road vs ExecuTorch 1.5.1 on the export corpus, in one process.
 
     .venv-bench/bin/python benchmarks/program_bench.py [--quick] [--only NAME ...]
+    .venv-bench/bin/python benchmarks/program_bench.py --xnnpack [--quick]   (_xnnpack_rows.py)
 
 Needs the benchmark venv (ExecuTorch is never installed in the project's .venv); see
 benchmarks/README.md for how to create it. Without ExecuTorch every ExecuTorch cell is an ERROR
@@ -863,6 +864,11 @@ def warm_up() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--xnnpack" in argv:  # the fused CPU backend vs ExecuTorch's XNNPACK: _xnnpack_rows.py
+        import _xnnpack_rows
+
+        return _xnnpack_rows.main([a for a in argv if a != "--xnnpack"])
     selected, opts, strict = parse_args(argv)
     torch.set_num_threads(opts.threads)
     em.register_dataclasses()

@@ -153,7 +153,16 @@ SAMPLES.update({
     "mkldnn._convolution_pointwise.default": [
         ((_x4, _r(4, 3, 3, 3), _r(4), [1, 1], [1, 1], [1, 1], 1, "none", [], None), {}),
         ((_x4, _r(6, 1, 3, 3), None, [0, 0], [2, 2], [1, 1], 3, "relu", [], None), {}),
+        ((_x4, _r(4, 3, 3, 3), _r(4), [1, 1], [1, 1], [1, 1], 1, "hardtanh", [0.0, 6.0], None), {}),
+        ((_x4, _r(4, 3, 3, 3), None, [1, 1], [1, 1], [1, 1], 1, "swish", [], None), {}),
+        ((_x4, _r(4, 3, 3, 3), None, [1, 1], [1, 1], [1, 1], 1, "hardswish", [], None), {}),
     ],
+    "mkldnn._linear_pointwise.default": [
+        ((_r(40, 16), _r(8, 16), _r(8), "none", [], None), {}),
+        ((_r(2, 20, 16), _r(8, 16), None, "gelu", [], "tanh"), {}),
+        ((_r(40, 16), _r(8, 16), _r(8), "hardtanh", [0.0, 6.0], None), {}),
+    ],
+    "mkldnn._linear_pointwise.binary": [((_r(40, 16), _r(40, 8), _r(8, 16), _r(8), "add"), {})],
     "mkldnn._convolution_pointwise.binary": [
         ((_x4, _r(2, 4, 5, 5), _r(4, 3, 3, 3), _r(4), [1, 1], [1, 1], [1, 1], 1, "add", None, "relu", [], None), {}),
         ((_x4, _r(2, 4, 5, 5), _r(4, 3, 3, 3), None, [1, 1], [1, 1], [1, 1], 1, "add", None, None, [], None), {}),
@@ -286,8 +295,47 @@ def _packed_qlinear(op):
     return run
 
 
+def _rnn_params(gates: int, features: int, hidden: int, layers: int, dirs: int) -> list:
+    out = []
+    for layer in range(layers):
+        width = features if layer == 0 else dirs * hidden
+        for _ in range(dirs):
+            out += [_r(gates * hidden, width), _r(gates * hidden, hidden), _r(gates * hidden),
+                    _r(gates * hidden)]
+    return out
+
+
+SAMPLES.update({
+    # (input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
+    "aten.lstm.input": [
+        ((_r(2, 5, 3), [_r(2, 2, 4), _r(2, 2, 4)], _rnn_params(4, 3, 4, 2, 1), True, 2, 0.0,
+          False, False, True), {}),
+        ((_r(5, 1, 3), [_r(2, 1, 4), _r(2, 1, 4)], _rnn_params(4, 3, 4, 1, 2), True, 1, 0.0,
+          False, True, False), {}),
+    ],
+    "aten.gru.input": [
+        ((_r(2, 5, 3), _r(2, 2, 4), _rnn_params(3, 3, 4, 2, 1), True, 2, 0.0, False, False,
+          True), {}),
+        ((_r(5, 1, 3), _r(2, 1, 4), _rnn_params(3, 3, 4, 1, 2)[:2] + _rnn_params(3, 3, 4, 1, 2)[4:6],
+          False, 1, 0.0, False, True, False), {}),
+    ],
+})  # fmt: skip
+
+
+def _no_grad(op):
+    """torch's RNN ops take oneDNN's sequence kernel only without autograd, as delegates run."""
+
+    def run(*args, **kwargs):
+        with torch.no_grad():
+            return op(*args, **kwargs)
+
+    return run
+
+
 # ops whose torch reference takes its arguments differently from the fused kernel
 REFERENCES = {
+    "aten.lstm.input": _no_grad(torch.ops.aten.lstm.input),
+    "aten.gru.input": _no_grad(torch.ops.aten.gru.input),
     "onednn.qlinear_pointwise.default": _packed_qlinear(torch.ops.onednn.qlinear_pointwise.default),
     "onednn.qlinear_pointwise.tensor": _packed_qlinear(torch.ops.onednn.qlinear_pointwise.tensor),
 }

@@ -207,13 +207,15 @@ def _functional_entry(
 
 
 def _meta_result(twin: torch._ops.OpOverload, positional: tuple, keywords: dict) -> object:
-    """(shape, dtype, strides) of ``twin``'s result, computed on meta stand-ins."""
+    """(shape, dtype, strides) of ``twin``'s result, computed on zero-filled stand-ins of the
+    arguments' layouts. Not on the meta device: torch's Python meta kernels (elementwise type
+    promotion) import sympy, ~0.3 s and tens of MiB a runtime does not otherwise need; the
+    CPU kernel is the layout's ground truth anyway, and runs once per instruction at load."""
 
     def meta(value: object) -> object:
         if isinstance(value, torch.Tensor):
-            return torch.empty_strided(
-                value.shape, value.stride(), dtype=value.dtype, device="meta"
-            )
+            stand_in = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype)
+            return stand_in.zero_()
         if isinstance(value, (list, tuple)):
             return type(value)(meta(v) for v in value)
         return value
@@ -510,6 +512,13 @@ class _Reached(Exception):
 
 class _FirstOverload(TorchDispatchMode):
     """Records the first ATen call a call dispatches, then aborts it (nothing runs)."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo unless this says
+        # no; that wrapper imports torch._dynamo (and sympy, ~500 modules, ~0.5 s) on its
+        # first call. The runtime is never traced by dynamo, so there is nothing to disable.
+        return False
 
     def __init__(self) -> None:
         super().__init__()

@@ -26,6 +26,7 @@ backend, moving into its blob. ``own_constants``:
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -33,6 +34,8 @@ from typing import Any
 import torch
 
 from exportir.backends.fused_cpu.backend import Unencodable, encode_arg, op_name
+from exportir.backends.fused_cpu.conv import SMALL_CONV_MACS
+from exportir.backends.fused_cpu.epilogue import PACKED_MIN_ROWS
 from exportir.dialects.backend import (
     DELEGATION_TAG,
     CompileSpec,
@@ -58,7 +61,13 @@ LAYOUT_OPS = frozenset({
 })  # fmt: skip
 
 # ATen ops kept whole through core decomposition for this backend.
-KEEP_WHOLE = (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,)
+KEEP_WHOLE = (
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.aten.lstm.input,
+    torch.ops.aten.gru.input,
+    torch.ops.aten.hardswish.default,  # fused into oneDNN convolutions / linears as post-ops
+    torch.ops.aten.hardsigmoid.default,
+)
 
 _CONV = "aten.convolution.default"
 _BN = "aten._native_batch_norm_legit_no_training.default"
@@ -168,6 +177,31 @@ def _tag(node: Node) -> Any:
     return node.meta.get(DELEGATION_TAG)
 
 
+def _packed(matmul: Node) -> bool:
+    """Whether ``preprocess`` will run this ``addmm`` / ``mm`` as a oneDNN linear whose weight
+    the executor packs at load (:func:`exportir.backends.fused_cpu.epilogue.pack_linear`)."""
+    x = matmul.args[1 if op_name(matmul.target) == "aten.addmm.default" else 0]
+    val = x.meta.get("val") if isinstance(x, Node) else None
+    if not isinstance(val, torch.Tensor) or val.dim() != 2 or val.dtype != torch.float32:
+        return False
+    rows = val.shape[0]
+    return type(rows) is int and rows >= PACKED_MIN_ROWS and torch.backends.mkldnn.is_available()
+
+
+def _onednn_conv(conv: Node) -> bool:
+    """Whether ``preprocess`` will run this convolution on oneDNN with its weight packed at
+    load (:func:`exportir.backends.fused_cpu.conv.small_conv`)."""
+    x, w, out = (getattr(n, "meta", {}).get("val") for n in (conv.args[0], conv.args[1], conv))
+    if not all(isinstance(t, torch.Tensor) for t in (x, w, out)) or conv.args[6]:
+        return False
+    if x.dim() != 4 or x.dtype != torch.float32 or w.dtype != torch.float32:
+        return False
+    shapes = (*out.shape, *w.shape)
+    if not all(type(d) is int for d in shapes):
+        return False
+    return math.prod(out.shape) * math.prod(w.shape[1:]) > SMALL_CONV_MACS
+
+
 def _folded_constants(graph: Any, state: set[Node]) -> set[Node]:
     """The constants ``preprocess`` would rewrite with their contents (module docstring)."""
     known: set[Node] = set(state)  # constants and claimed nodes computed from constants only
@@ -180,9 +214,11 @@ def _folded_constants(graph: Any, state: set[Node]) -> set[Node]:
             known.add(node)
             if not (
                 op_name(node.target) == _TRANSPOSED_WEIGHT
-                and all(op_name(u.target) in _MATMULS for u in node.users)
+                and all(op_name(u.target) in _MATMULS and not _packed(u) for u in node.users)
             ):
                 folded.update(n for n in inputs if n in state)
+        if op_name(node.target) == _CONV and _onednn_conv(node) and node.args[1] in state:
+            folded.add(node.args[1])  # packed for oneDNN at load
         if op_name(node.target) == _BN:
             conv = node.args[0]
             if (

@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-from exportir.backends.fused_cpu.conv import CONV_FUSIONS, CONV_RULES
+from exportir.backends.fused_cpu.conv import CONV_FUSIONS, CONV_RULES, channels_last
+from exportir.backends.fused_cpu.epilogue import EPILOGUE_FUSIONS, LINEAR_RULES
 from exportir.backends.fused_cpu.ir import Graph, Op, Value, static_shape, values_in
 from exportir.backends.fused_cpu.layout import LAYOUT_RULES
 from exportir.backends.fused_cpu.quantized import QUANT_RULES
@@ -325,8 +326,10 @@ RULES: dict[str, tuple[Rule, ...]] = {
     "aten.mm.default": (linear,),
     "aten.bmm.default": (matmul,),
     "aten.matmul.default": (matmul_linear,),
-    "aten.add.Tensor": (linear_bias, *CONV_FUSIONS["aten.add.Tensor"]),
-    "aten.relu.default": CONV_FUSIONS["aten.relu.default"],
+    # activations and residual adds join the oneDNN linear / convolution before them
+    **EPILOGUE_FUSIONS,
+    "aten.add.Tensor": (linear_bias, *CONV_FUSIONS["aten.add.Tensor"], *EPILOGUE_FUSIONS["aten.add.Tensor"]),
+    "aten.relu.default": (*CONV_FUSIONS["aten.relu.default"], *EPILOGUE_FUSIONS["aten.relu.default"]),
     # int8 / int4 kernels first: they read the weight's dequantize before it is folded
     "aten.linear.default": (
         *QUANT_RULES["aten.linear.default"], permute_after_linear, linear_unflatten,
@@ -346,7 +349,7 @@ RULES: dict[str, tuple[Rule, ...]] = {
 
 
 # Kernel choices, applied once the fusions settled.
-KERNEL_RULES: dict[str, tuple[Rule, ...]] = {**CONV_RULES}
+KERNEL_RULES: dict[str, tuple[Rule, ...]] = {**CONV_RULES, **LINEAR_RULES}
 
 
 # ------------------------------------------------------------------------------ folding, driver
@@ -422,4 +425,5 @@ def optimize(g: Graph) -> Graph:
     _settle(g)
     if _apply_rules(g, KERNEL_RULES):
         _settle(g)
+    channels_last(g)  # last: the layout rules would see the conversions as copies to drop
     return g

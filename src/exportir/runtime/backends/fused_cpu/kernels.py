@@ -25,7 +25,14 @@ from typing import Any
 
 import torch
 
+from exportir.runtime.backends.fused_cpu.dense import (
+    LINEAR_KERNELS,
+    AttrError,
+    apply_attr,
+    check_attr,
+)
 from exportir.runtime.backends.fused_cpu.quantized import QUANTIZED_KERNEL_FNS, define_library
+from exportir.runtime.backends.fused_cpu.rnn import RNN_KERNELS, RnnShapeError
 
 __all__ = [
     "INPLACE",
@@ -157,11 +164,12 @@ def _conv_pointwise(
     dilation: list[int],
     groups: int,
     attr: str,
-    *_: Any,
+    scalars: list | None = None,
+    algorithm: str | None = None,
 ) -> torch.Tensor:
-    """mkldnn::_convolution_pointwise without oneDNN: convolution, then ``attr`` (relu)."""
+    """mkldnn::_convolution_pointwise without oneDNN: convolution, then post-op ``attr``."""
     y = torch.convolution(x, weight, bias, stride, padding, dilation, False, [0, 0], groups)
-    return torch.relu_(y) if attr == "relu" else y
+    return apply_attr(y, attr, scalars or [], algorithm)
 
 
 def _conv_binary(
@@ -206,6 +214,11 @@ def _packer(weight_at: int, padding_at: int) -> Callable[..., tuple[Any, ...]]:
     packing, leave it as it is (the op then reports bad arguments when it runs)."""
 
     def prepare(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> tuple[Any, ...]:
+        if weight_at == 1:  # the unary form: its post-op and scalars are read unchecked
+            try:
+                check_attr(*args[7:10])
+            except AttrError as e:
+                raise SchemaMismatch(str(e)) from None
         weight = constant(args[weight_at])
         if weight is None or not _MKLDNN:
             return args
@@ -233,6 +246,19 @@ def _mkldnn_kernels() -> dict[str, Kernel]:
             ops.binary if ops else _conv_binary, prepare=_packer(2, 4)
         ),
     }
+
+
+def _schema_errors(prepare: Callable[..., tuple[Any, ...]]) -> Callable[..., tuple[Any, ...]]:
+    """``prepare`` whose argument errors (:class:`RnnShapeError`, :class:`AttrError`) are
+    :class:`SchemaMismatch`."""
+
+    def checked(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> tuple[Any, ...]:
+        try:
+            return prepare(args, constant)
+        except (RnnShapeError, AttrError) as e:
+            raise SchemaMismatch(str(e)) from None
+
+    return checked
 
 
 # ------------------------------------------------------------------------------ the table
@@ -334,6 +360,10 @@ KERNELS: dict[str, Kernel] = {
     "aten._native_batch_norm_legit_functional.default": Kernel(_bn_functional),
     **_LAYOUT,
     **(_mkldnn_kernels() if hasattr(torch.ops.mkldnn, "_convolution_pointwise") else {}),
+    # oneDNN linear, weight packed at load (.dense)
+    **{name: Kernel(fn, prepare=_schema_errors(prepare)) for name, (fn, prepare) in LINEAR_KERNELS.items()},
+    # LSTM / GRU over the whole sequence, shapes checked (.rnn)
+    **{name: Kernel(fn, prepare=_schema_errors(prepare)) for name, (fn, prepare) in RNN_KERNELS.items()},
     # int8 / int4: quantize-dequantize, oneDNN's qlinear, weight-only matmuls (.quantized)
     **{name: Kernel(fn, prepare=prepare) for name, (fn, prepare) in QUANTIZED_KERNEL_FNS.items()},
 }  # fmt: skip

@@ -43,6 +43,7 @@ def _check(label, got, expected):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5, msg=lambda m: f"{label}: {m}")
 
 
+@pytest.mark.slow  # ~80 s: the whole corpus; make test keeps the cond, multi-method and real-model runs
 def test_corpus_programs_run_in_fresh_processes(tmp_path):
     jobs, labels, expected = [], [], []
     for name in CORPUS:
@@ -133,6 +134,7 @@ def test_multi_method_program_runs_each_method_in_a_fresh_process(tmp_path):
         _check(f"method job {i}", got, want)
 
 
+@pytest.mark.slow  # ~25 s each; tests/real_models runs dynamic programs at other sizes in-process
 @pytest.mark.parametrize("name", ["transformer_encoder_layer", "resnet_tiny"])
 def test_dynamic_batch_programs_run_at_other_sizes_in_fresh_processes(name, tmp_path):
     module, args, _ = build(BY_NAME[name])

@@ -361,6 +361,29 @@ def test_lower_a_saved_exported_program(workdir, in_workdir, capsys):
     assert "cannot import module 'no_such_mod'" in capsys.readouterr().err
 
 
+def test_lower_a_pt2_written_by_torch_export(workdir, in_workdir, capsys):
+    """`exportir lower` reads torch.export.save's archives (exportir.load, no pickle run)."""
+    import torch.export
+
+    sys.path.insert(0, str(workdir))
+    try:
+        import netmod
+
+        module, args = netmod.make()
+    finally:
+        sys.path.remove(str(workdir))
+    batch = torch.export.Dim("batch", min=1, max=32)
+    torch.export.save(torch.export.export(module.eval(), args, dynamic_shapes={"x": {0: batch}}),
+                      workdir / "torch.pt2")
+    assert in_workdir(["lower", "torch.pt2", "-o", "from_torch.xpt"]) == 0
+    assert "wrote from_torch.xpt" in capsys.readouterr().out
+    from exportir.runtime import Program
+
+    x = torch.randn(5, 6)
+    got = Program.load(workdir / "from_torch.xpt").method()(x)
+    torch.testing.assert_close(got, _eager(workdir, x))
+
+
 # ------------------------------------------------------------------------------ inspect --summary
 
 

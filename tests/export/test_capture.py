@@ -494,3 +494,30 @@ def test_attributes_added_by_forward_stay_like_torch_export():
     assert m._hooks_installed is True  # torch.export keeps it too: the hook stays registered
     assert torch.allclose(m(x), m.inner(x) + 1)  # one hook, not two
     assert torch.allclose(ep.module()(x), m.inner(x) + 1)
+
+
+def test_export_leaves_the_autograd_state_of_module_tensors_as_it_was():
+    """Capture runs forward on the real tensors below autograd: writing a value that requires
+    grad into a buffer in place gave the real buffer a grad_fn and requires_grad=True (eager
+    would too; torch.export does not). Export puts them back."""
+
+    class Cache(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("cache", torch.zeros(1, 6, 4))
+            self.proj = nn.Linear(4, 4)
+
+        def forward(self, x):
+            self.cache[:, 1:3] = self.proj(x)
+            return self.cache.sum(dim=1)
+
+    m = Cache().eval()
+    ep = export(m, (torch.randn(1, 2, 4),))
+    assert m.cache.grad_fn is None and not m.cache.requires_grad and m.cache.is_leaf
+    assert torch.equal(m.cache, torch.zeros(1, 6, 4))
+    assert m.proj.weight.requires_grad and m.proj.weight.is_leaf
+    assert not ep.state_dict["cache"].requires_grad
+    x = torch.randn(1, 2, 4)
+    reference = copy.deepcopy(m)
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(x), reference(x))

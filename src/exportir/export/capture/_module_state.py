@@ -66,10 +66,31 @@ def _tensor_attrs(mod: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v for k, v in vars(mod).items() if isinstance(v, torch.Tensor)}
 
 
+def _autograd_state(saved: list[_Saved]) -> list[tuple[torch.Tensor, bool]]:
+    """Each leaf tensor of the snapshot with its ``requires_grad``. Capture runs forward on the
+    real tensors under a dispatch mode, below autograd: an in-place write of a value that
+    requires grad (``self.cache[:, i] = self.proj(x)``) leaves the real buffer with a
+    ``grad_fn`` and ``requires_grad=True``, though its data is untouched."""
+    seen: dict[int, tuple[torch.Tensor, bool]] = {}
+    for s in saved:
+        for t in (*s.parameters.values(), *s.buffers.values(), *s.tensor_attrs.values()):
+            if isinstance(t, torch.Tensor) and t.grad_fn is None and id(t) not in seen:
+                seen[id(t)] = (t, t.requires_grad)
+    return list(seen.values())
+
+
+def _restore_autograd(leaves: list[tuple[torch.Tensor, bool]]) -> None:
+    for t, requires_grad in leaves:
+        if t.grad_fn is not None and not t._is_view():
+            t.detach_()
+        if t.grad_fn is None and t.requires_grad != requires_grad:
+            t.requires_grad_(requires_grad)
+
+
 class ModuleState:
     """Snapshot / diff / restore of a module tree's tensors (a context manager)."""
 
-    __slots__ = ("_saved",)
+    __slots__ = ("_leaves", "_saved")
 
     def __init__(self, root: torch.nn.Module) -> None:
         self._saved = [
@@ -83,6 +104,7 @@ class ModuleState:
             )
             for fqn, mod in root.named_modules()
         ]
+        self._leaves = _autograd_state(self._saved)
 
     def __enter__(self) -> Self:
         return self
@@ -98,6 +120,7 @@ class ModuleState:
             # set-up with them (transformers' "_output_capturing_hooks_installed" goes with
             # forward hooks registered once; dropping the flag would register them twice)
             mod.__dict__.update(saved.attrs)
+        _restore_autograd(self._leaves)
 
     def reassigned_buffers(
         self, on_problem: Callable[[StateUpdateError, torch.nn.Module, str, str], None] | None = None

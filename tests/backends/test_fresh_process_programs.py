@@ -78,6 +78,7 @@ class Branchy(torch.nn.Module):
         return torch.cond(x.sum() > 0, big, small, (x,))
 
 
+@pytest.mark.slow  # ~25 s; make test keeps a multi-method LLM program's fresh-process run (tests/llm)
 def test_cond_program_runs_both_branches_in_fresh_processes(tmp_path):
     model = Branchy().eval()
     x = torch.randn(3, 6)
@@ -116,6 +117,7 @@ class _Encode(torch.nn.Module):
         return self.model.encode(x)
 
 
+@pytest.mark.slow  # ~16 s; tests/llm/test_shared_state.py runs a two-method program fresh in make test
 def test_multi_method_program_runs_each_method_in_a_fresh_process(tmp_path):
     model = TwoHeads().eval()
     x = torch.randn(4, 6)

@@ -203,7 +203,7 @@ def test_what_cannot_be_shown_says_what_can(tmp_path):
     with pytest.raises(ViewerError, match=r"suffix '\.onnx'; expected one of \.pt2, \.xpt, \.pte"):
         load_file(tmp_path / "m.onnx")
     (tmp_path / "m.pte").write_bytes(b"x")
-    with pytest.raises(NotImplementedError, match=r"\.pte reader"):
+    with pytest.raises(ProgramLoadError, match="ET12"):
         load_file(tmp_path / "m.pte")
     (tmp_path / "bad.xpt").write_bytes(b"not a program")
     with pytest.raises(ProgramLoadError):
@@ -221,8 +221,8 @@ def test_cli_view_writes_the_page_and_reports_bad_input(ep, tmp_path, capsys):
     assert cli_main(["view", str(tmp_path / "m.xpt"), "-o", str(tmp_path / "m.png")]) == 2
     assert "name the output file .html" in capsys.readouterr().err
     (tmp_path / "m.pte").write_bytes(b"x")
-    assert cli_main(["view", str(tmp_path / "m.pte")]) == 2
-    assert ".pte reader" in capsys.readouterr().err
+    assert cli_main(["view", str(tmp_path / "m.pte")]) == 1
+    assert "ET12" in capsys.readouterr().err
     (tmp_path / "bad.xpt").write_bytes(b"not a program")
     assert cli_main(["view", str(tmp_path / "bad.xpt")]) == 1
     assert "not a valid program file" in capsys.readouterr().err
@@ -250,3 +250,14 @@ def test_control_flow_branches_open_as_subgraphs_with_symbolic_shapes():
     x = next(n for n in top.nodes if n.name == "x")
     assert dict(x.details)["value"] == "float32[s0, 4]"
 
+
+
+def test_an_executorch_pte_file_is_shown_like_the_program_it_encodes(ep, tmp_path, capsys):
+    manager = exportir.to_edge(ep).to_program()
+    manager.save(tmp_path / "m.pte")
+    manager.save(tmp_path / "m.xpt")
+    assert cli_main(["view", str(tmp_path / "m.pte")]) == 0
+    pte = page_data((tmp_path / "m.pte.html").read_text(encoding="utf-8"))
+    xpt = page_data(to_html(load_file(tmp_path / "m.xpt")))
+    assert pte["graphs"][0]["title"] == "program: forward"
+    assert len(pte["graphs"][0]["nodes"]) == len(xpt["graphs"][0]["nodes"]) > 0

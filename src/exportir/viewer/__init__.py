@@ -9,7 +9,7 @@ Accepted: an ``ExportedProgram``; an ``EdgeProgramManager`` (also what
 ``to_edge_transform_and_lower`` returns, delegates included); a ``ProgramManager`` (the
 ``to_program()`` result: its Edge graphs and its instructions with the memory plan); a
 ``GraphModule`` or an FX ``Graph``; a ``LoweredBackendModule``; a program (``schema.Program``
-or a loaded ``exportir.runtime.Program``); or the path of a ``.pt2`` / ``.xpt`` file.
+or a loaded ``exportir.runtime.Program``); or the path of a ``.pt2`` / ``.xpt`` / ``.pte`` file.
 
 The page lays the graph out top to bottom (dagre, inlined), groups nodes by the module that ran
 them (``nn_module_stack``) in groups that fold and unfold, shows a node's op, shapes, dtypes and
@@ -41,16 +41,22 @@ def _load_xpt(path: str) -> Any:
     return load_program(path)
 
 
-def _no_pte_reader(path: str) -> Any:
-    raise NotImplementedError(
-        f"{path}: viewing ExecuTorch .pte files needs a .pte reader, which this build of "
-        "exportir does not have yet; export to .xpt (exportir.to_edge(ep).to_program()"
-        ".save('model.xpt')) or view the .pt2 / the Python object instead")
+def _load_pte(path: str) -> Any:
+    """An ExecuTorch ``.pte`` (what ``to_program().save("m.pte")`` or ExecuTorch's own
+    ``to_executorch()`` writes), decoded and validated as the runtime loads it."""
+    from exportir.format import pte_read
+    from exportir.format.validate import validate_program
+
+    with open(path, "rb") as f:
+        data = f.read()
+    program = pte_read.read_pte(data)
+    validate_program(program)
+    return program
 
 
-# file suffix -> the project's validating loader for it (a .pte reader plugs in here)
+# file suffix -> the project's validating loader for it
 LOADERS: dict[str, Callable[[str], Any]] = {
-    ".pt2": _load_pt2, ".xpt": _load_xpt, ".pte": _no_pte_reader,
+    ".pt2": _load_pt2, ".xpt": _load_xpt, ".pte": _load_pte,
 }
 SUFFIXES = tuple(LOADERS)
 

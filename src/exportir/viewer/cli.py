@@ -31,7 +31,7 @@ def _usage_error(message: str) -> int:
 
 
 def cmd_view(ns: argparse.Namespace) -> int:
-    """Exit status 2 for what the user can fix (missing file, unknown kind, no .pte reader);
+    """Exit status 2 for what the user can fix (missing file, unknown kind);
     a malformed file raises the loader's error, which ``exportir.cli.main`` reports."""
     from exportir.viewer import ViewerError, view
 

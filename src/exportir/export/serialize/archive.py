@@ -230,25 +230,36 @@ class Archive:
             info = self._zf.getinfo(name)
         except KeyError:
             fail(name, "member missing from the archive (file truncated?)")
-        _check_info(info, size, self._archive_size(), self._limits, json)
-        try:
-            with self._zf.open(info) as member:
-                data = member.read(info.file_size + 1)
-        except _ZIP_ERRORS as e:
-            fail(name, f"cannot read member ({type(e).__name__}: {e})")
-        if len(data) != info.file_size:
-            fail(name, f"member has {len(data)} bytes, the zip directory says {info.file_size}")
-        return data
+        return read_member(self._zf, info, name, size, self._limits, json)
 
-    def _archive_size(self) -> int:
-        fp = self._zf.fp
-        try:
-            here = fp.tell()
-            end = fp.seek(0, io.SEEK_END)
-            fp.seek(here)
-        except (OSError, AttributeError, ValueError):
-            return LIMITS.max_entry_bytes
-        return end
+
+def read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, name: str, size: int | None,
+                limits: ArchiveLimits, json: bool) -> bytes:
+    """Member ``info`` of ``zf`` (reported as ``name``), its directory entry checked against
+    ``size`` (when known), the archive's size and ``limits`` first; never more than the
+    claimed size is inflated, and a member shorter or longer than its claim is refused."""
+    _check_info(info, size, archive_size(zf), limits, json)
+    try:
+        with zf.open(info) as member:
+            data = member.read(info.file_size + 1)
+    except _ZIP_ERRORS as e:
+        fail(name, f"cannot read member ({type(e).__name__}: {e})")
+    if len(data) != info.file_size:
+        fail(name, f"member has {len(data)} bytes, the zip directory says {info.file_size}")
+    return data
+
+
+def archive_size(zf: zipfile.ZipFile) -> int:
+    """The size of ``zf``'s file (the largest any member may claim); the entry limit when the
+    file cannot tell."""
+    fp = zf.fp
+    try:
+        here = fp.tell()
+        end = fp.seek(0, io.SEEK_END)
+        fp.seek(here)
+    except (OSError, AttributeError, ValueError):
+        return LIMITS.max_entry_bytes
+    return end
 
 
 def _check_inflation(infos: list[zipfile.ZipInfo], cap: int) -> None:

@@ -34,8 +34,8 @@ from exportir.export.serialize.archive import (
     DEFAULT_ARCHIVE_LIMITS,
     ArchiveLimits,
     _check_inflation,
-    _check_info,
     _seekable,
+    read_member,
 )
 from exportir.export.serialize.common import (
     LIMITS,
@@ -101,29 +101,10 @@ class _Zip:
         if name not in self.names:
             fail(name, "member missing from the .pt2 archive")
         info = self._zf.getinfo(f"{self.root}/{name}")
-        _check_info(info, None, _size(self._zf), self.limits, json)
-        try:
-            with self._zf.open(info) as member:
-                data = member.read(info.file_size + 1)
-        except _ZIP_ERRORS as e:
-            fail(name, f"cannot read member ({type(e).__name__}: {e})")
-        if len(data) != info.file_size:
-            fail(name, f"member has {len(data)} bytes, the zip directory says {info.file_size}")
-        return data
+        return read_member(self._zf, info, name, None, self.limits, json)
 
     def json(self, name: str) -> Any:
         return loads_json(self.read(name, json=True), name)
-
-
-def _size(zf: zipfile.ZipFile) -> int:
-    fp = zf.fp
-    try:
-        here = fp.tell()
-        end = fp.seek(0, os.SEEK_END)
-        fp.seek(here)
-    except (OSError, AttributeError, ValueError):
-        return LIMITS.max_entry_bytes
-    return end
 
 
 def is_torch_archive(f: Any) -> bool:

@@ -160,34 +160,29 @@ def conv_add(g: Graph, op: Op) -> bool:
     """``add(conv(x), other)`` (either order, same shapes, no alpha) of a oneDNN convolution
     it alone reads is one binary convolution; it runs where the add did (``other`` may come
     later than the convolution)."""
-    if op.kwargs or len(op.args) != 2 or not all(isinstance(a, Value) for a in op.args):
+    found = g.residual_add(op, _POINTWISE, 7)
+    if found is None:
         return False
-    for y, other in (op.args, op.args[::-1]):
-        conv = g.producer(y, _POINTWISE)
-        if conv is None or conv.args[7] != "none" or g.only_reader(y) is not op:
-            continue
-        if static_shape(other) != static_shape(y) or other.dtype != y.dtype or other is y:
-            continue
-        x, w, bias, padding, stride, dilation, groups = conv.args[:7]
-        op.name, op.nodes = _BINARY, (*conv.nodes, *op.nodes)
-        op.args = [
-            x,
-            other,
-            w,
-            bias,
-            padding,
-            stride,
-            dilation,
-            groups,
-            "add",
-            None,
-            None,
-            [],
-            None,
-        ]
-        g.remove(conv)
-        return True
-    return False
+    conv, other = found
+    x, w, bias, padding, stride, dilation, groups = conv.args[:7]
+    op.name, op.nodes = _BINARY, (*conv.nodes, *op.nodes)
+    op.args = [
+        x,
+        other,
+        w,
+        bias,
+        padding,
+        stride,
+        dilation,
+        groups,
+        "add",
+        None,
+        None,
+        [],
+        None,
+    ]
+    g.remove(conv)
+    return True
 
 
 def _with_height(v: Value) -> tuple[int, ...]:

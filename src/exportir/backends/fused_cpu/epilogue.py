@@ -130,20 +130,15 @@ def fuse_post_op(g: Graph, op: Op) -> bool:
 def linear_add(g: Graph, op: Op) -> bool:
     """``add(linear(x), other)`` (either order, same shape and dtype, no alpha) of a oneDNN
     linear it alone reads is one binary linear, run where the add was."""
-    if op.kwargs or len(op.args) != 2 or not all(isinstance(a, Value) for a in op.args):
+    found = g.residual_add(op, LINEAR, 3)
+    if found is None:
         return False
-    for y, other in (op.args, op.args[::-1]):
-        linear = g.producer(y, LINEAR)
-        if linear is None or linear.args[3] != "none" or g.only_reader(y) is not op:
-            continue
-        if static_shape(other) != static_shape(y) or other.dtype != y.dtype or other is y:
-            continue
-        x, w, bias = linear.args[:3]
-        op.name, op.nodes = LINEAR_ADD, (*linear.nodes, *op.nodes)
-        op.args = [x, other, w, bias, "add"]
-        g.remove(linear)
-        return True
-    return False
+    linear, other = found
+    x, w, bias = linear.args[:3]
+    op.name, op.nodes = LINEAR_ADD, (*linear.nodes, *op.nodes)
+    op.args = [x, other, w, bias, "add"]
+    g.remove(linear)
+    return True
 
 
 LINEAR_RULES = {"aten.linear.default": (pack_linear,)}

@@ -139,6 +139,24 @@ class Graph:
         op = self._producers.get(value)
         return op if op is not None and (name is None or op.name == name) else None
 
+    def residual_add(self, op: Op, producer_name: str, attr_at: int) -> tuple[Op, Value] | None:
+        """For ``op`` an ``add(y, other)`` (either order, same static shape and dtype, no
+        alpha) whose ``y`` only it reads and op ``producer_name`` computes with no post-op yet
+        (``args[attr_at] == "none"``): that producer and ``other``, the residual a binary
+        post-op can add in the producer; else ``None``."""
+        if op.kwargs or len(op.args) != 2 or not all(isinstance(a, Value) for a in op.args):
+            return None
+        for y, other in (op.args, op.args[::-1]):
+            producer = self.producer(y, producer_name)
+            if producer is None or producer.args[attr_at] != "none":
+                continue
+            if self.only_reader(y) is not op:
+                continue
+            if static_shape(other) != static_shape(y) or other.dtype != y.dtype or other is y:
+                continue
+            return producer, other
+        return None
+
     def remove(self, op: Op) -> None:
         self.ops = [o for o in self.ops if o is not op]
         self.changed()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import random
 import resource
 import selectors
 import shutil
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,3 +129,30 @@ def findings(kind: str, results: list[Result], files: list[Path], notes: list[st
             f"  rerun: PYTHONPATH={SRC} {sys.executable} {CHILD} {kind} {kept}"
         )
     return messages
+
+
+def write_cases(
+    workdir: Path,
+    seeds: dict[str, bytes],
+    mutate: Callable[[bytes, random.Random], tuple[bytes, str]],
+    cases: int,
+    rng: random.Random,
+    suffix: str,
+) -> tuple[list[Path], list[str]]:
+    """The files of one fuzz run and a note for each: every seed unmutated first (sorted by
+    name: the oracle must accept them), then ``cases`` mutants of the seeds in turn."""
+    names = sorted(seeds)
+    files, notes = [], []
+    for name in names:
+        path = workdir / f"seed-{name}{suffix}"
+        path.write_bytes(seeds[name])
+        files.append(path)
+        notes.append(f"{name}: unmutated")
+    for i in range(cases):
+        name = names[i % len(names)]
+        data, note = mutate(seeds[name], rng)
+        path = workdir / f"case{i:05d}-{name}{suffix}"
+        path.write_bytes(data)
+        files.append(path)
+        notes.append(f"{name}: {note}")
+    return files, notes

@@ -13,7 +13,7 @@ import os
 import random
 
 import pytest
-from harness import findings, run_cases, summary
+from harness import findings, run_cases, summary, write_cases
 from pt2_files import mutate
 
 CASES = int(os.environ.get("EXPORTIR_FUZZ_CASES", "40"))
@@ -30,19 +30,7 @@ def pt2_seed_files() -> dict[str, bytes]:
 def test_mutated_exported_program_files(tmp_path, pt2_seed_files):
     rng = random.Random(SEED)
     names = sorted(pt2_seed_files)
-    files, notes = [], []
-    for name in names:
-        path = tmp_path / f"seed-{name}.pt2"
-        path.write_bytes(pt2_seed_files[name])
-        files.append(path)
-        notes.append(f"{name}: unmutated")
-    for i in range(CASES):
-        name = names[i % len(names)]
-        data, note = mutate(pt2_seed_files[name], rng)
-        path = tmp_path / f"case{i:05d}-{name}.pt2"
-        path.write_bytes(data)
-        files.append(path)
-        notes.append(f"{name}: {note}")
+    files, notes = write_cases(tmp_path, pt2_seed_files, mutate, CASES, rng, ".pt2")
     results = run_cases("pt2", files, tmp_path)
     print(f"\nseed {SEED}, {CASES} mutants: {summary(results)}")
     for r in results[: len(names)]:

@@ -12,7 +12,7 @@ import os
 import random
 
 import pytest
-from harness import findings, run_cases, summary
+from harness import findings, run_cases, summary, write_cases
 from pte_files import mutate
 
 CASES = int(os.environ.get("EXPORTIR_FUZZ_CASES", "40"))
@@ -30,19 +30,7 @@ def test_mutated_pte_files(tmp_path, pte_seed_files):
     rng = random.Random(SEED)
     names = sorted(pte_seed_files)
     assert len(names) >= 3, names
-    files, notes = [], []
-    for name in names:
-        path = tmp_path / f"seed-{name}.pte"
-        path.write_bytes(pte_seed_files[name])
-        files.append(path)
-        notes.append(f"{name}: unmutated")
-    for i in range(CASES):
-        name = names[i % len(names)]
-        data, note = mutate(pte_seed_files[name], rng)
-        path = tmp_path / f"case{i:05d}-{name}.pte"
-        path.write_bytes(data)
-        files.append(path)
-        notes.append(f"{name}: {note}")
+    files, notes = write_cases(tmp_path, pte_seed_files, mutate, CASES, rng, ".pte")
     results = run_cases("pte", files, tmp_path)
     print(f"\nseed {SEED}, {CASES} mutants: {summary(results)}")
     for r in results[: len(names)]:

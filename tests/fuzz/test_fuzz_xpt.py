@@ -12,7 +12,7 @@ import os
 import random
 
 import pytest
-from harness import findings, run_cases, summary
+from harness import findings, run_cases, summary, write_cases
 from xpt_files import mutate
 
 CASES = int(os.environ.get("EXPORTIR_FUZZ_CASES", "80"))
@@ -29,19 +29,7 @@ def xpt_seed_files() -> dict[str, bytes]:
 def test_mutated_program_files(tmp_path, xpt_seed_files):
     rng = random.Random(SEED)
     names = sorted(xpt_seed_files)
-    files, notes = [], []
-    for name in names:  # the seeds themselves first: the oracle must accept them
-        path = tmp_path / f"seed-{name}.xpt"
-        path.write_bytes(xpt_seed_files[name])
-        files.append(path)
-        notes.append(f"{name}: unmutated")
-    for i in range(CASES):
-        name = names[i % len(names)]
-        data, note = mutate(xpt_seed_files[name], rng)
-        path = tmp_path / f"case{i:05d}-{name}.xpt"
-        path.write_bytes(data)
-        files.append(path)
-        notes.append(f"{name}: {note}")
+    files, notes = write_cases(tmp_path, xpt_seed_files, mutate, CASES, rng, ".xpt")
     results = run_cases("xpt", files, tmp_path)
     print(f"\nseed {SEED}, {CASES} mutants: {summary(results)}")
     for r in results[: len(names)]:

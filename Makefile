@@ -8,10 +8,10 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet --no-cache-dir --upgrade pip
 	# torch first, pinned, so nothing else can pull another build.
-	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet --no-cache-dir "torch==2.13.0"
+	$(PY) -m pip install --quiet --no-cache-dir -e ".[test]"
 	touch $(STAMP)
 
 demo: $(STAMP)

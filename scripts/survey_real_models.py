@@ -59,9 +59,10 @@ def op_diff(ours: Any, theirs: Any) -> str | None:
 
 
 def _run_file(lowered: Any, kwargs: dict) -> Any:
-    path = os.path.join(tempfile.mkdtemp(), "m.xpt")
-    lowered.to_program().save(path)
-    return Program.load(path).method("forward")(**kwargs)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "m.xpt")
+        lowered.to_program().save(path)
+        return Program.load(path).method("forward")(**kwargs)
 
 
 def survey(name: str) -> str:

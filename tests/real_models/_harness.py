@@ -7,7 +7,9 @@ xdist worker (``xdist_group`` marks), so nothing is built twice.
 
 from __future__ import annotations
 
+import atexit
 import functools
+import shutil
 import tempfile
 import warnings
 from pathlib import Path
@@ -22,7 +24,10 @@ from torch.utils import _pytree as torch_pytree
 ATOL = 1e-4
 RTOL = 1e-4
 
+# the programs written here (about 1.7 GB for the whole corpus) go when the process exits: CI
+# machines share one disk, and a run that leaves them behind fills it within a few dozen runs
 _TMP = Path(tempfile.mkdtemp(prefix="exportir-real-"))
+atexit.register(shutil.rmtree, _TMP, ignore_errors=True)
 
 
 def tensor_leaves(out: Any) -> list[torch.Tensor]:

@@ -2,7 +2,9 @@
 
 ``EXPORTIR_FX_IMPL`` names the module the parity tests treat as "ours" (default
 ``exportir.fx``). Setting it to ``torch.fx`` runs the harness against the oracle itself,
-which is how the harness is sanity-checked: every parity test must pass in that mode.
+which is how the harness is sanity-checked: every test under tests/fx must pass in that mode
+(``make test-fx-sanity``, part of CI's ``make check``). Passes are taken from the same
+implementation (:func:`import_ours_pass`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ def ours_fx_name() -> str:
 def import_ours_fx():
     """The FX implementation under test (``exportir.fx`` unless overridden)."""
     return importlib.import_module(ours_fx_name())
+
+
+def import_ours_pass(name: str):
+    """``<fx implementation under test>.passes.<name>``: exportir.fx's pass, or torch.fx's own in
+    the sanity mode, so a pass's parity test compares torch with itself there."""
+    return importlib.import_module(f"{ours_fx_name()}.passes.{name}")
 
 
 @pytest.fixture(scope="session")

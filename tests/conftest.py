@@ -62,3 +62,48 @@ def torch_code_as_ours(text: str) -> str:
     if ours_fx_name() == "torch.fx":
         return text
     return text.replace(TORCH_WRAP_CALL, OUR_WRAP_CALL)
+
+
+# -- one scratch directory per test run ---------------------------------------------------------
+# Everything a test run writes through tempfile (programs, fuzz cases, browser profiles, pytest's
+# tmp_path, files of the subprocesses it starts) goes under one directory, made by the controlling
+# process before any worker starts (workers and subprocesses inherit TMPDIR) and removed when the
+# run ends. Leaked scratch files once filled the shared CI disk; what a run leaves behind is now
+# listed at its end and removed, except fuzz findings, which are kept for their rerun commands.
+_SCRATCH_ENV = "EXPORTIR_TEST_SCRATCH"
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput") or os.environ.get(_SCRATCH_ENV):
+        return  # an xdist worker, or a pytest started by a test: the outer run owns the scratch
+    import tempfile
+
+    outer = tempfile.gettempdir()
+    root = tempfile.mkdtemp(prefix="exportir-tests-", dir=outer)
+    os.environ["TMPDIR"] = root
+    os.environ[_SCRATCH_ENV] = root
+    tempfile.tempdir = root
+    config._exportir_scratch = (root, outer)
+
+
+def pytest_unconfigure(config):
+    scratch = getattr(config, "_exportir_scratch", None)
+    if scratch is None:
+        return
+    import shutil
+    import tempfile
+
+    root, outer = scratch
+    tempfile.tempdir = None
+    os.environ["TMPDIR"] = outer
+    os.environ.pop(_SCRATCH_ENV, None)
+    # pytest's own tmp_path roots and torch's compile cache are expected here
+    left = sorted(p for p in os.listdir(root) if not p.startswith(("pytest-of-", "torchinductor_")))
+    for name in left:
+        if name.startswith("exportir-fuzz-"):
+            kept = shutil.move(os.path.join(root, name), outer)
+            print(f"\nfuzz findings kept in {kept}")
+    shutil.rmtree(root, ignore_errors=True)
+    leaked = [n for n in left if not n.startswith("exportir-fuzz-")]
+    if leaked:
+        print(f"\ntests left {len(leaked)} scratch entries behind (removed): {', '.join(leaked[:20])}")

@@ -184,3 +184,200 @@ def test_a_hostile_range_key_in_a_file_names_the_key():
 def test_a_range_key_over_symbols_the_graph_lacks_is_dropped_as_torch_does():
     buf = _edit_ranges(lambda r: r.update({"s99 + 1": {"min_val": 0, "max_val": 1}}))
     assert "s99 + 1" not in {str(k) for k in _load(buf).range_constraints}
+
+
+# --------------------------------------------------------------------------- example inputs
+
+
+class _Inputs(torch.nn.Module):
+    def forward(self, x, y, z=None, *, k, n=3, flags=(True, 1.5, "s")):
+        return x[1:] + y + k + n
+
+
+def _inputs_case():
+    x = torch.randn(6, 3)
+    return _Inputs(), (x, x[1:], None), {"k": torch.arange(3.0), "n": 2, "flags": [False, 2.5, "t"]}
+
+
+def _same_tree(a, b) -> None:
+    fa, sa = torch.utils._pytree.tree_flatten(a)
+    fb, sb = torch.utils._pytree.tree_flatten(b)
+    assert sa == sb
+    for x, y in zip(fa, fb, strict=True):
+        if isinstance(x, torch.Tensor):
+            assert type(y) is torch.Tensor and x.dtype == y.dtype and x.stride() == y.stride()
+            assert x.requires_grad == y.requires_grad
+            torch.testing.assert_close(x, y, rtol=0, atol=0)
+        else:
+            assert type(x) is type(y) and x == y
+
+
+def test_example_inputs_load_from_torch_as_torch_loads_them():
+    model, args, kwargs = _inputs_case()
+    buf = _save(texport.export(model, args, kwargs))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ep = exportir.load(buf)
+    assert not [w for w in caught if "sample_inputs" in str(w.message)]  # nothing skipped
+    buf.seek(0)
+    theirs = texport.load(buf).example_inputs
+    _same_tree(ep.example_inputs, theirs)
+    x, y = ep.example_inputs[0][:2]
+    assert x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()  # y is x[1:]
+    torch.testing.assert_close(ep.module()(*ep.example_inputs[0], **ep.example_inputs[1]),
+                               model(*args, **kwargs))
+
+
+def test_example_inputs_saved_for_torch():
+    model, args, kwargs = _inputs_case()
+    ep = exportir.export(model, args, kwargs)
+    buf = io.BytesIO()
+    exportir.save(ep, buf, format="torch")
+    buf.seek(0)
+    _same_tree(texport.load(buf).example_inputs, ep.example_inputs)
+    buf.seek(0)
+    _same_tree(_load(buf).example_inputs, ep.example_inputs)
+
+
+def test_inputs_a_reader_would_refuse_are_not_written():
+    class Box:
+        pass
+
+    ep = exportir.export(_OnlyDerived(), (torch.randn(4, 3),))
+    ep.example_inputs = ((torch.randn(4, 3),), {})
+    ep._example_inputs = ((torch.randn(4, 3), Box()), {})  # what a user's tree might hold
+    buf = io.BytesIO()
+    with pytest.warns(UserWarning, match="hold a .*Box; they are not written"):
+        exportir.save(ep, buf, format="torch")
+    buf.seek(0)
+    assert _load(buf).example_inputs is None
+
+
+# hand-written pickle streams (protocol 2), each wrapped as torch.save's zip
+_CANARY = "CANARY"
+
+
+def _stream(body: bytes) -> bytes:
+    return b"\x80\x02" + body + b"."
+
+
+def _global(module: str, name: str) -> bytes:
+    return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+
+
+def _text(s: str) -> bytes:
+    return b"X" + len(s).to_bytes(4, "little") + s.encode()
+
+
+def _call(module: str, name: str, arg: str) -> bytes:
+    return _global(module, name) + _text(arg) + b"\x85R"  # TUPLE1, REDUCE
+
+
+def _tensor(key: str = "0", numel: int = 3, size: int = 3, offset: int = 0,
+            storage: str = "FloatStorage", device: str = "cpu") -> bytes:
+    pid = (b"(" + _text("storage") + _global("torch", storage) + _text(key) + _text(device)
+           + b"J" + numel.to_bytes(4, "little") + b"tQ")
+    return (_global("torch._utils", "_rebuild_tensor_v2") + b"(" + pid
+            + b"J" + offset.to_bytes(4, "little") + b"J" + size.to_bytes(4, "little") + b"\x85"
+            + b"K\x01\x85" + b"\x89" + _global("collections", "OrderedDict") + b")R" + b"tR")
+
+
+def _inputs(*leaves: bytes) -> bytes:
+    return _stream(b"(" + b"".join(leaves) + b"t}\x86")  # ((leaves...), {})
+
+
+def _torch_save_zip(pkl: bytes, storages: dict[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as zf:
+        zf.writestr("archive/data.pkl", pkl)
+        zf.writestr("archive/byteorder", "little")
+        zf.writestr("archive/version", "3\n")
+        for key, data in storages.items():
+            zf.writestr(f"archive/data/{key}", data)
+    return out.getvalue()
+
+
+def _with_samples(pkl: bytes, storages: dict[str, bytes] | None = None) -> io.BytesIO:
+    buf = _save(texport.export(_OnlyDerived(), (torch.randn(4, 3),)))
+    members = _members(buf)
+    name = next(n for n in members if "/data/sample_inputs/" in n)
+    members[name] = _torch_save_zip(pkl, storages if storages is not None else
+                                    {"0": torch.arange(3.0).numpy().tobytes()})
+    return _zip(members)
+
+
+def test_a_hand_written_stream_reads_as_torch_load_reads_it():
+    storage = {"0": torch.arange(12.0).numpy().tobytes()}
+    pkl = _inputs(_tensor(numel=12, size=4, offset=8))
+    ep = _load(_with_samples(pkl, storage))
+    _same_tree(ep.example_inputs, torch.load(io.BytesIO(_torch_save_zip(pkl, storage)),
+                                             weights_only=True))
+
+
+@pytest.mark.parametrize("module, name", [("os", "system"), ("posix", "system"),
+                                          ("builtins", "eval"), ("builtins", "exec"),
+                                          ("subprocess", "getoutput")])
+def test_a_stream_naming_a_callable_is_refused_and_nothing_runs(tmp_path, module, name):
+    canary = tmp_path / _CANARY
+    code = {"system": f"touch {canary}", "getoutput": f"touch {canary}",
+            "eval": f"open({str(canary)!r}, 'w')", "exec": f"open({str(canary)!r}, 'w')"}[name]
+    buf = _with_samples(_inputs(_call(module, name, code)))
+    with pytest.warns(UserWarning, match=rf"sample_inputs/model\.pt: .*data\.pkl: GLOBAL "
+                                         rf"'{module}\.{name}' .*\(opcode at byte 3\)"):
+        ep = exportir.load(buf)
+    assert ep.example_inputs is None
+    assert not canary.exists()
+
+
+def _hooks() -> bytes:
+    return _global("collections", "OrderedDict") + b")R"
+
+
+@pytest.mark.parametrize("pkl, storages, match", [
+    (_inputs(_tensor(numel=4)), None, "data/0: member has 12 bytes, .* says 16"),
+    (_inputs(_tensor(size=9, numel=3)), None, "needs 9 elements"),
+    (_inputs(_tensor(offset=3)), None, "needs 6 elements, storage 0 has 3"),
+    (_inputs(_tensor(key="../x")), None, "not a member name"),
+    (_inputs(_tensor(key="7")), None, "data/7 is missing"),
+    (_inputs(_tensor(device="cuda:0")), None, "only cpu"),
+    (_inputs(_tensor(storage="UntypedStorage")), None, "GLOBAL 'torch.UntypedStorage'"),
+    (_inputs(_global("torch", "FloatStorage") + b")R"), None, "REDUCE calls torch.FloatStorage"),
+    (_inputs(_hooks()), None, "input of kind Hooks"),
+    (_inputs(_global("torch._utils", "_rebuild_tensor_v2")), None, "input of kind Global"),
+    (_stream(b"]q\x00h\x00a" + b"\x85}\x86"), None, "nest deeper"),  # a list holding itself
+    (_stream(_text("x") + b"}\x86"), None, r"not \(args tuple, kwargs dict"),
+    (_stream(b"(t]\x86"), None, "not .args tuple"),
+    (_stream(b"(t}]Ns\x86"), None, "dict key of type list"),
+    (_inputs(b"}" + b"N" + b"b"), None, "opcode BUILD"),
+    (_inputs(b"(" + _global("builtins", "object") + b"o"), None, "GLOBAL 'builtins.object'"),
+    (_inputs(b"I1\n"), None, "opcode INT"),
+    (b"\x80\x02(N", None, "without STOP|not a pickle stream"),
+    (b"\x80\x02X\xff\xff\xff\x7fab", None, "not a pickle stream"),
+    (b"\x80\x02h\x05.", None, "memo entry 5"),
+    (b"\x80\x02t.", None, "no MARK"),
+    (b"\x80\x09N.", None, "protocol"),
+])
+def test_hostile_sample_streams_fall_back_with_typed_reasons(pkl, storages, match):
+    buf = _with_samples(pkl, storages)
+    with pytest.warns(UserWarning, match=match):
+        ep = exportir.load(buf)
+    assert ep.example_inputs is None
+
+
+def test_inputs_that_do_not_fit_the_program_are_skipped():
+    buf = _with_samples(_inputs(_tensor(), _tensor()))  # the program takes one input
+    with pytest.warns(UserWarning, match="do not fit the program's inputs"):
+        ep = exportir.load(buf)
+    assert ep.example_inputs is None
+
+
+def test_a_global_is_never_imported(tmp_path, monkeypatch):
+    canary = tmp_path / _CANARY
+    (tmp_path / "exportir_canary_module.py").write_text(
+        f"open({str(canary)!r}, 'w').close()\ndef f(*a): open({str(canary)!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    buf = _with_samples(_inputs(_call("exportir_canary_module", "f", "x")))
+    with pytest.warns(UserWarning, match="'exportir_canary_module.f' .* was not imported"):
+        assert exportir.load(buf).example_inputs is None
+    assert not canary.exists()
+    assert "exportir_canary_module" not in __import__("sys").modules

@@ -150,7 +150,8 @@ class _GraphDecoder:
         sizes = as_list(meta.get("sizes"), f"{where}/sizes")
         if len(sizes) > LIMITS.max_rank:
             fail(f"{where}/sizes", f"rank {len(sizes)} exceeds {LIMITS.max_rank}")
-        dtype = _DTYPES.get(meta.get("dtype"))
+        code = meta.get("dtype")
+        dtype = _DTYPES.get(code) if type(code) is int else None
         if dtype is None:
             fail(f"{where}/dtype", f"unknown scalar type code {meta.get('dtype')!r:.20}")
         if meta.get("layout", 7) != 7:
@@ -523,7 +524,7 @@ def _opt_tensor(d: _GraphDecoder, v: Any, w: str) -> dict[str, Any]:
 
 def _table(table: dict[int, str], kind: str) -> Any:
     def dec(d: _GraphDecoder, v: Any, w: str) -> dict[str, Any]:
-        found = table.get(v)
+        found = table.get(v) if type(v) is int else None
         if found is None:
             fail(w, f"unknown {kind} code {v!r:.20}")
         return {kind: found}

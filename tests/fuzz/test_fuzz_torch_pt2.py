@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import random
+import warnings
 
 import pytest
 from harness import findings, run_cases, summary, write_cases
@@ -47,3 +48,68 @@ def test_mutated_torch_pt2_files(tmp_path, torch_seed_files):
     found = findings("pt2", results, files, notes)
     assert not found, "\n\n".join(found)
     assert any(r.outcome == "refused" for r in results[len(names):]), "no mutant was refused"
+
+
+def _torch_saved_inputs() -> bytes:
+    import io
+
+    import torch
+
+    x = torch.arange(12.0).reshape(3, 4)
+    example = ((x, x[1:, ::2], torch.tensor([1, 2], dtype=torch.int64), None, [3, 4.5, "s"]),
+               {"k": torch.ones(2, dtype=torch.bool), "d": {"a": (True, x.t())}})
+    buffer = io.BytesIO()
+    torch.save(example, buffer, pickle_protocol=2)
+    return buffer.getvalue()
+
+
+def test_mutated_sample_input_streams(tmp_path):
+    """In process, many cheap mutants of the stream torch.save writes for example inputs,
+    straight into the restricted reader: a value or a SerializationError, nothing else, and
+    no injected call ever runs (a few seconds; ``EXPORTIR_FUZZ_CASES`` scales it)."""
+    import io
+    import zipfile
+
+    from torch_pt2_files import m_pickle, m_samples
+
+    from exportir.export.serialize.archive import DEFAULT_ARCHIVE_LIMITS
+    from exportir.export.serialize.torch_archive import _sample_inputs, _Zip
+
+    rng = random.Random(SEED)
+    canary = tmp_path / "canary"
+    seed = _torch_saved_inputs()
+    outcomes = {"read": 0, "refused": 0}
+    for i in range(CASES * 5):
+        members = {"archive/data/sample_inputs/model.pt": seed, "archive/archive_format": b"pt2"}
+        m_samples(members, rng, canary)
+        if i % 3 == 0:  # stack a second edit on the stream
+            members["archive/data/sample_inputs/model.pt"] = _restack(
+                members["archive/data/sample_inputs/model.pt"], rng, canary, m_pickle)
+        out = io.BytesIO()
+        with zipfile.ZipFile(out, "w") as zf:
+            for name, data in members.items():
+                zf.writestr(name, data)
+        z = _Zip(io.BytesIO(out.getvalue()), DEFAULT_ARCHIVE_LIMITS)
+        try:  # a refusal is a warning (from a SerializationError); anything raised fails
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                value = _sample_inputs(z, "data/sample_inputs/model.pt")
+        finally:
+            z.close()
+        outcomes["read" if value is not None else "refused"] += 1
+        assert value is not None or any("skipped" in str(w.message) for w in caught), i
+    print(f"\nsample-input streams: {outcomes}")
+    assert not canary.exists(), "a call named in a pickled sample input ran"
+    assert outcomes["refused"] and outcomes["read"]
+
+
+def _restack(torch_zip: bytes, rng: random.Random, canary, m_pickle) -> bytes:
+    from torch_pt2_files import assemble, disassemble
+
+    inner = disassemble(torch_zip)
+    name = next(n for n in inner if n.endswith("/data.pkl"))
+    try:
+        inner[name], _ = m_pickle(inner[name], rng, canary)
+    except ValueError:  # the first edit broke the stream: genops cannot list its opcodes
+        return torch_zip
+    return assemble(inner)

@@ -94,6 +94,14 @@ class _Unbacked(nn.Module):
         return torch.nonzero(x > 0).float().sum() + torch.zeros(n).sum() + x.sum()
 
 
+class _Derived(nn.Module):
+    """A derived size (``d + 1``): its range is a ``range_constraints`` key torch writes as
+    ``s0 + 1``."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x[1:] * y
+
+
 def _models() -> dict[str, tuple[nn.Module, tuple, dict | None]]:
     torch.manual_seed(0)
     return {
@@ -186,4 +194,9 @@ def torch_pt2_seeds() -> dict[str, bytes]:
             buffer = io.BytesIO()
             texport.save(texport.export(model, args, dynamic_shapes=_torch_dims(shapes)), buffer)
             seeds[name] = buffer.getvalue()
+        d = texport.Dim("d", min=2, max=16)
+        buffer = io.BytesIO()
+        texport.save(texport.export(_Derived(), (torch.randn(5, 2), torch.randn(4, 2)),
+                                    dynamic_shapes={"x": {0: d + 1}, "y": {0: d}}), buffer)
+        seeds["derived"] = buffer.getvalue()
     return seeds

@@ -1,0 +1,205 @@
+"""ExecuTorch's memory plan in exportir's terms: the views and the state a .pte file leaves
+implicit, made explicit before the program is validated like any other.
+
+ExecuTorch says two things only through memory offsets, which exportir's format says with
+values (docs/format/pte.md, "Reading ExecuTorch's files"):
+
+1. **Views.** ExecuTorch elides a static view copy by giving the view the memory of its source
+   (a ``_ViewSpec`` shares its base's ``mem_id`` / ``mem_offset`` and lifetime), and plans an
+   input into the arena it copies the caller's tensor to. So a planned tensor that is read and
+   that no instruction writes reads bytes another tensor wrote. :func:`resolve` makes it a
+   ``ViewOf`` the tensor that last wrote bytes containing its own before its first read (an
+   input counts as written before the first instruction). The validator then proves the plan
+   keeps those bytes for it: a view keeps its base live (``planning.lifetimes``), so a buffer
+   placed over them while the view is read is an overlap, and a view that no write reaches is
+   a read before anything wrote it.
+2. **Uninitialised state.** ExecuTorch plans a mutated buffer without its initial value unless
+   the buffer was tagged for initialisation: the buffer is read first and written back at the
+   end of the call. A planned tensor read before any instruction writes it and written later
+   becomes method state that starts as zeros (what ExecuTorch's runtime gives: it allocates
+   planned memory zero-filled) and then holds what the previous call wrote back. As state it is
+   live for the whole method, so the validator refuses it unless no other planned tensor shares
+   its bytes: its value never depends on anything but the calls of this method.
+
+Anything else that reads memory nothing wrote is left as it is, and refused at load as in any
+file (``reads value ... before any instruction wrote it``). Standard library only.
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from exportir.format import schema
+from exportir.format.validate import ProgramLoadError
+
+__all__ = ["Access", "resolve"]
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """The tensor values one instruction reads and writes (list arguments: their items)."""
+
+    reads: frozenset[int]
+    writes: frozenset[int]
+
+
+def _tensors(values: Sequence[schema.EValue], indices: Sequence[int]) -> set[int]:
+    found: set[int] = set()
+    for i in indices:
+        v = values[i]
+        if isinstance(v, (schema.TensorList, schema.OptionalTensorList)):
+            found.update(j for j in v.items if isinstance(values[j], schema.Tensor))
+        elif isinstance(v, schema.Tensor):
+            found.add(i)
+    return found
+
+
+def access(values: Sequence[schema.EValue], mentioned: Sequence[int],
+           written: Sequence[int]) -> Access:
+    """An instruction mentioning ``mentioned`` and writing ``written`` (value indices)."""
+    writes = _tensors(values, written)
+    return Access(frozenset(_tensors(values, mentioned) - writes), frozenset(writes))
+
+
+def _planned(v: schema.EValue) -> bool:
+    return isinstance(v, schema.Tensor) and isinstance(v.storage, schema.Allocation) and (
+        not v.dynamic and v.initial is None
+    )
+
+
+def _contiguous(t: schema.Tensor) -> bool:
+    return t.dim_order == tuple(range(len(t.sizes)))
+
+
+def _inside(inner: schema.Allocation, outer: schema.Allocation) -> bool:
+    return inner.arena == outer.arena and outer.offset <= inner.offset and (
+        inner.offset + inner.nbytes <= outer.offset + outer.nbytes
+    )
+
+
+def _overlap(a: schema.Allocation, b: schema.Allocation) -> bool:
+    return a.arena == b.arena and a.offset < b.offset + b.nbytes and (
+        b.offset < a.offset + a.nbytes
+    )
+
+
+class _Memory:
+    """Where each planned tensor is written and first read, over the kept instructions."""
+
+    def __init__(self, values: list[schema.EValue], accesses: Sequence[Access]) -> None:
+        self.values = values
+        self.writes: dict[int, list[int]] = {}
+        self.first_read: dict[int, int] = {}
+        self.last_use: dict[int, int] = {}
+        for pc, a in enumerate(accesses):
+            for i in a.writes:
+                self.writes.setdefault(i, []).append(pc)
+                self.last_use[i] = pc
+            for i in a.reads:
+                self.first_read.setdefault(i, pc)
+                self.last_use[i] = pc
+
+
+def resolve(values: list[schema.EValue], accesses: Sequence[Access],
+            inputs: dict[int, schema.Allocation], field: str,
+            zeros: ZeroBuffers) -> None:
+    """Apply both rules of the module docstring to ``values`` in place. ``accesses`` has one
+    entry per instruction; ``inputs`` maps each planned input to the memory ExecuTorch planned
+    for it; ``field`` names the method in errors."""
+    mem = _Memory(values, accesses)
+    _views(values, mem, inputs, field)
+    _state(values, mem, zeros)
+
+
+def _views(values: list[schema.EValue], mem: _Memory, inputs: dict[int, schema.Allocation],
+           field: str) -> None:
+    written: list[tuple[int, schema.Allocation, list[int]]] = [
+        (k, v.storage, mem.writes[k]) for k, v in enumerate(values)
+        if _planned(v) and k in mem.writes
+    ]
+    written += [(k, a, [-1]) for k, a in inputs.items()]
+    for k, v in enumerate(values):
+        if not _planned(v) or k in mem.writes or k not in mem.first_read:
+            continue
+        read = mem.first_read[k]
+        best: tuple[int, int, schema.Allocation] | None = None  # (pc of the write, base, ...)
+        for base, alloc, pcs in written:
+            b = values[base]
+            before = [pc for pc in pcs if pc < read]
+            if before and b.dtype == v.dtype and _contiguous(b) and _inside(v.storage, alloc) and (
+                (v.storage.offset - alloc.offset) % schema.ELEMENT_SIZE[v.dtype] == 0
+            ) and (best is None or max(before) > best[0]):
+                best = (max(before), base, alloc)
+        if best is None:
+            continue  # read before anything wrote it: refused when the method is typed
+        _, base, alloc = best
+        if base in inputs:
+            _check_input_view(values, mem, k, field)
+        start = (v.storage.offset - alloc.offset) // schema.ELEMENT_SIZE[v.dtype]
+        order = tuple(range(len(v.sizes)))
+        values[k] = schema.Tensor(v.dtype, v.sizes, order, schema.ViewOf(
+            base, start, schema.dense_strides(v.sizes, order)))
+
+
+def _check_input_view(values: list[schema.EValue], mem: _Memory, view: int, field: str
+                      ) -> None:
+    """A view of an input reads the caller's tensor, while ExecuTorch reads the arena the input
+    was copied to: the two agree only while no instruction writes those bytes."""
+    last = mem.last_use[view]
+    for k, v in enumerate(values):
+        if not (isinstance(v, schema.Tensor) and isinstance(v.storage, schema.Allocation)):
+            continue
+        if _overlap(v.storage, values[view].storage) and any(
+            pc <= last for pc in mem.writes.get(k, ())
+        ):
+            raise ProgramLoadError(
+                f"value {view} reads the memory planned for an input, which value {k} "
+                f"overwrites at instruction {min(mem.writes[k])} before value {view}'s last use "
+                f"(instruction {last}): the plan gives the view no stable bytes",
+                f"{field}.values[{view}].val.allocation_info")
+
+
+def _state(values: list[schema.EValue], mem: _Memory, zeros: ZeroBuffers) -> None:
+    for k, v in enumerate(values):
+        if not _planned(v) or k not in mem.writes or k not in mem.first_read:
+            continue
+        if mem.first_read[k] < min(mem.writes[k]):
+            values[k] = replace(v, initial=zeros.buffer(v.nbytes))
+
+
+class ZeroBuffers:
+    """Constant buffers of zeros, one per size, over one read-only anonymous mapping (zero
+    pages: reading them commits no memory) as large as the largest."""
+
+    def __init__(self, constants: list[schema.ConstantBuffer]) -> None:
+        self.constants = constants
+        self.sizes: dict[int, int] = {}
+
+    def buffer(self, nbytes: int) -> int:
+        """The index (into ``constants``) of a buffer of ``nbytes`` zeros; the bytes are made by
+        :meth:`finish`."""
+        if nbytes not in self.sizes:
+            self.constants.append(schema.ConstantBuffer(b""))
+            self.sizes[nbytes] = len(self.constants) - 1
+        return self.sizes[nbytes]
+
+    def finish(self) -> None:
+        if not self.sizes:
+            return
+        largest = max(self.sizes)
+        data = memoryview(_zeros(largest))
+        for nbytes, index in self.sizes.items():
+            self.constants[index] = schema.ConstantBuffer(data[:nbytes])
+
+
+def _zeros(nbytes: int) -> mmap.mmap | bytes:
+    prot = getattr(mmap, "PROT_READ", None)
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    if nbytes == 0 or prot is None or not flags:
+        return bytes(nbytes)
+    try:
+        return mmap.mmap(-1, nbytes, flags=flags, prot=prot)
+    except (OSError, ValueError):
+        return bytes(nbytes)

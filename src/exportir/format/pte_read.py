@@ -6,8 +6,9 @@ before it is followed (flatbuffers' own accessors check nothing), and every refu
 :class:`~exportir.format.validate.ProgramLoadError` naming the field
 (``execution_plan[0].values[3].val.sizes``). Operator names only select entries of
 :data:`~exportir.format.pte_kernels.PTE_KERNELS` (and then the runtime's kernel table, which
-types every call at load); the result then goes through :func:`validate.validate_program` like
-any exportir file. Standard library only.
+types every call at load). The views and the mutated-buffer state ExecuTorch leaves to memory
+offsets become ``ViewOf`` values and zero-initialised state (:mod:`pte_memory`); the result then
+goes through :func:`validate.validate_program` like any exportir file. Standard library only.
 """
 
 from __future__ import annotations

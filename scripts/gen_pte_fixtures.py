@@ -14,10 +14,12 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "format")]
 
-from pte_helpers import executorch_pte
+import torch
+from pte_helpers import BufferView, executorch_pte, executorch_pte_of
 
 # views of an input and of planned values, split outs; mutated buffers without initial value;
-# aten::sort.values (which ExecuTorch's portable runtime does not register)
+# aten::sort.values (which ExecuTorch's portable runtime does not register); and
+# pte_helpers.BufferView (views of a mutated buffer)
 NAMES = ("view_ops", "buffer_inplace", "buffer_reassign", "int_and_bool_ops")
 
 
@@ -30,6 +32,9 @@ def main() -> int:
         data = executorch_pte(name)
         (out / f"executorch_{name}.pte").write_bytes(data)
         print(f"executorch {__version__}: {name}.pte, {len(data)} bytes")
+    data = executorch_pte_of(BufferView(), (torch.randn(2, 3),))
+    (out / "executorch_buffer_view.pte").write_bytes(data)
+    print(f"executorch {__version__}: buffer_view.pte, {len(data)} bytes")
     return 0
 
 

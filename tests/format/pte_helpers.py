@@ -46,6 +46,29 @@ def executorch_pte(name: str) -> bytes:
         return to_edge(torch.export.export(module, args, kwargs)).to_executorch().buffer
 
 
+class BufferView(torch.nn.Module):
+    """Reads a view of a buffer before mutating it in place, and a view after: ExecuTorch plans
+    the first view on the buffer's own bytes (tests/format/data/executorch_buffer_view.pte)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("buf", torch.zeros(2, 3))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        before = self.buf.view(-1) * 2
+        self.buf.add_(x)
+        return before + 1, self.buf.view(3, 2) * 1
+
+
+def executorch_pte_of(module: torch.nn.Module, args: tuple) -> bytes:
+    """``module`` compiled by ExecuTorch (torch.export -> to_edge -> to_executorch)."""
+    from executorch.exir import to_edge
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return to_edge(torch.export.export(module, args)).to_executorch().buffer
+
+
 def run_in_executorch(data: bytes, name: str, calls: int = 2) -> None:
     """Load ``data`` in ExecuTorch's runtime and check ``calls`` calls against eager (the
     second sees the state the first left)."""

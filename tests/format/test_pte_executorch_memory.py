@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 from corpus.export_models import BY_NAME, build
-from pte_helpers import assert_same, flat_inputs, tensors, with_allocation_offset, with_call_arg
+from pte_helpers import (
+    BufferView,
+    assert_same,
+    flat_inputs,
+    tensors,
+    with_allocation_offset,
+    with_call_arg,
+)
 
 from exportir.format import schema
 from exportir.format.pte_read import read_pte
@@ -111,6 +118,24 @@ def test_a_buffer_sharing_its_bytes_with_another_value_is_refused():
     # the buffer's value would then depend on what the result left there
     data = with_allocation_offset(_file("buffer_inplace"), 16, 112)
     with pytest.raises(ProgramLoadError, match=r"plan: value 0 and value 16 overlap in arena 0"):
+        Program.load(data)
+
+
+def test_a_view_of_a_buffer_reads_its_state_when_read():
+    # value 5 (buf.view(-1), read before buf.add_) is planned on the buffer's (value 0) bytes
+    data = _file("buffer_view")
+    values = read_pte(data).methods[0].values
+    assert values[0].initial is not None and values[5].storage == schema.ViewOf(0, 0, (1,))
+    method, eager = Program.load(data).method("forward"), BufferView()
+    for seed in range(3):
+        x = torch.randn(2, 3, generator=torch.Generator().manual_seed(seed))
+        assert_same(tensors(method.execute([x])), tensors(eager(x.clone())))
+
+
+def test_a_view_reaching_past_a_buffer_is_refused():
+    # value 5 moved to bytes [104, 128): past the buffer's [96, 120), so no view of it
+    data = with_allocation_offset(_file("buffer_view"), 5, 104)
+    with pytest.raises(ProgramLoadError, match=r"plan: value 0 and value 5 overlap in arena 0"):
         Program.load(data)
 
 

@@ -9,7 +9,8 @@ values (docs/format/pte.md, "Reading ExecuTorch's files"):
    input into the arena it copies the caller's tensor to. So a planned tensor that is read and
    that no instruction writes reads bytes another tensor wrote. :func:`resolve` makes it a
    ``ViewOf`` the tensor that last wrote bytes containing its own before its first read (an
-   input counts as written before the first instruction). The validator then proves the plan
+   input, and state of rule 2, count as written before the first instruction: a view of a
+   buffer reads the buffer as it is when read). The validator then proves the plan
    keeps those bytes for it: a view keeps its base live (``planning.lifetimes``), so a buffer
    placed over them while the view is read is an overlap, and a view that no write reaches is
    a read before anything wrote it.
@@ -109,17 +110,19 @@ def resolve(values: list[schema.EValue], accesses: Sequence[Access],
     entry per instruction; ``inputs`` maps each planned input to the memory ExecuTorch planned
     for it; ``field`` names the method in errors."""
     mem = _Memory(values, accesses)
-    _views(values, mem, inputs, field)
-    _state(values, mem, zeros)
+    state = _state(values, mem, zeros)
+    _views(values, mem, inputs, state, field)
 
 
 def _views(values: list[schema.EValue], mem: _Memory, inputs: dict[int, schema.Allocation],
-           field: str) -> None:
+           state: set[int], field: str) -> None:
     written: list[tuple[int, schema.Allocation, list[int]]] = [
         (k, v.storage, mem.writes[k]) for k, v in enumerate(values)
         if _planned(v) and k in mem.writes
     ]
+    # inputs and state hold their value before the first instruction
     written += [(k, a, [-1]) for k, a in inputs.items()]
+    written += [(k, values[k].storage, [-1, *mem.writes[k]]) for k in sorted(state)]
     for k, v in enumerate(values):
         if not _planned(v) or k in mem.writes or k not in mem.first_read:
             continue
@@ -161,12 +164,16 @@ def _check_input_view(values: list[schema.EValue], mem: _Memory, view: int, fiel
                 f"{field}.values[{view}].val.allocation_info")
 
 
-def _state(values: list[schema.EValue], mem: _Memory, zeros: ZeroBuffers) -> None:
+def _state(values: list[schema.EValue], mem: _Memory, zeros: ZeroBuffers) -> set[int]:
+    """The tensors made state (rule 2)."""
+    state = set()
     for k, v in enumerate(values):
         if not _planned(v) or k not in mem.writes or k not in mem.first_read:
             continue
         if mem.first_read[k] < min(mem.writes[k]):
             values[k] = replace(v, initial=zeros.buffer(v.nbytes))
+            state.add(k)
+    return state
 
 
 class ZeroBuffers:

@@ -8,9 +8,10 @@ values (docs/format/pte.md, "Reading ExecuTorch's files"):
    (a ``_ViewSpec`` shares its base's ``mem_id`` / ``mem_offset`` and lifetime), and plans an
    input into the arena it copies the caller's tensor to. So a planned tensor that is read and
    that no instruction writes reads bytes another tensor wrote. :func:`resolve` makes it a
-   ``ViewOf`` the tensor that last wrote bytes containing its own before its first read (an
-   input, and state of rule 2, count as written before the first instruction: a view of a
-   buffer reads the buffer as it is when read). The validator then proves the plan
+   ``ViewOf`` the tensor of its dtype that last wrote exactly its bytes (same arena, offset
+   and size, as a ``_ViewSpec`` has) before its first read (an input, and state of rule 2,
+   count as written before the first instruction: a view of a buffer reads the buffer as it is
+   when read). The validator then proves the plan
    keeps those bytes for it: a view keeps its base live (``planning.lifetimes``), so a buffer
    placed over them while the view is read is an overlap, and a view that no write reaches is
    a read before anything wrote it.
@@ -28,6 +29,7 @@ file (``reads value ... before any instruction wrote it``). Standard library onl
 
 from __future__ import annotations
 
+import bisect
 import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -74,12 +76,6 @@ def _contiguous(t: schema.Tensor) -> bool:
     return t.dim_order == tuple(range(len(t.sizes)))
 
 
-def _inside(inner: schema.Allocation, outer: schema.Allocation) -> bool:
-    return inner.arena == outer.arena and outer.offset <= inner.offset and (
-        inner.offset + inner.nbytes <= outer.offset + outer.nbytes
-    )
-
-
 def _overlap(a: schema.Allocation, b: schema.Allocation) -> bool:
     return a.arena == b.arena and a.offset < b.offset + b.nbytes and (
         b.offset < a.offset + a.nbytes
@@ -116,52 +112,59 @@ def resolve(values: list[schema.EValue], accesses: Sequence[Access],
 
 def _views(values: list[schema.EValue], mem: _Memory, inputs: dict[int, schema.Allocation],
            state: set[int], field: str) -> None:
-    written: list[tuple[int, schema.Allocation, list[int]]] = [
-        (k, v.storage, mem.writes[k]) for k, v in enumerate(values)
-        if _planned(v) and k in mem.writes
-    ]
-    # inputs and state hold their value before the first instruction
-    written += [(k, a, [-1]) for k, a in inputs.items()]
-    written += [(k, values[k].storage, [-1, *mem.writes[k]]) for k in sorted(state)]
+    # (arena, offset, nbytes, dtype) -> sorted (pc of a write, value): who wrote those bytes
+    # when; inputs and state hold their value before the first instruction
+    writers: dict[tuple, list[tuple[int, int]]] = {}
+    sources = [(k, v.storage, mem.writes[k]) for k, v in enumerate(values)
+               if _planned(v) and k in mem.writes]
+    sources += [(k, a, [-1]) for k, a in inputs.items()]
+    sources += [(k, values[k].storage, [-1, *mem.writes[k]]) for k in sorted(state)]
+    for base, alloc, pcs in sources:
+        if _contiguous(values[base]):
+            key = (alloc.arena, alloc.offset, alloc.nbytes, values[base].dtype)
+            writers.setdefault(key, []).extend((pc, base) for pc in pcs)
+    for found in writers.values():
+        found.sort()
+    # input -> the first write over its planned bytes: (instruction, value)
+    overwritten: dict[int, tuple[int, int] | None] = {}
     for k, v in enumerate(values):
         if not _planned(v) or k in mem.writes or k not in mem.first_read:
             continue
-        read = mem.first_read[k]
-        best: tuple[int, int, schema.Allocation] | None = None  # (pc of the write, base, ...)
-        for base, alloc, pcs in written:
-            b = values[base]
-            before = [pc for pc in pcs if pc < read]
-            if before and b.dtype == v.dtype and _contiguous(b) and _inside(v.storage, alloc) and (
-                (v.storage.offset - alloc.offset) % schema.ELEMENT_SIZE[v.dtype] == 0
-            ) and (best is None or max(before) > best[0]):
-                best = (max(before), base, alloc)
-        if best is None:
+        st = v.storage
+        found = writers.get((st.arena, st.offset, st.nbytes, v.dtype), [])
+        at = bisect.bisect_left(found, (mem.first_read[k], -1)) - 1
+        if at < 0:
             continue  # read before anything wrote it: refused when the method is typed
-        _, base, alloc = best
+        base = found[at][1]
         if base in inputs:
-            _check_input_view(values, mem, k, field)
-        start = (v.storage.offset - alloc.offset) // schema.ELEMENT_SIZE[v.dtype]
+            if base not in overwritten:
+                overwritten[base] = _first_write_over(values, mem, inputs[base])
+            _check_input_view(mem, k, overwritten[base], field)
         order = tuple(range(len(v.sizes)))
         values[k] = schema.Tensor(v.dtype, v.sizes, order, schema.ViewOf(
-            base, start, schema.dense_strides(v.sizes, order)))
+            base, 0, schema.dense_strides(v.sizes, order)))
 
 
-def _check_input_view(values: list[schema.EValue], mem: _Memory, view: int, field: str
-                      ) -> None:
+def _first_write_over(values: list[schema.EValue], mem: _Memory, alloc: schema.Allocation
+                      ) -> tuple[int, int] | None:
+    """(instruction, value): the first write of a planned tensor sharing a byte with
+    ``alloc``."""
+    return min(((min(mem.writes[k]), k) for k, v in enumerate(values) if k in mem.writes
+                and isinstance(v, schema.Tensor) and isinstance(v.storage, schema.Allocation)
+                and _overlap(v.storage, alloc)), default=None)
+
+
+def _check_input_view(mem: _Memory, view: int, overwritten: tuple[int, int] | None,
+                      field: str) -> None:
     """A view of an input reads the caller's tensor, while ExecuTorch reads the arena the input
     was copied to: the two agree only while no instruction writes those bytes."""
     last = mem.last_use[view]
-    for k, v in enumerate(values):
-        if not (isinstance(v, schema.Tensor) and isinstance(v.storage, schema.Allocation)):
-            continue
-        if _overlap(v.storage, values[view].storage) and any(
-            pc <= last for pc in mem.writes.get(k, ())
-        ):
-            raise ProgramLoadError(
-                f"value {view} reads the memory planned for an input, which value {k} "
-                f"overwrites at instruction {min(mem.writes[k])} before value {view}'s last use "
-                f"(instruction {last}): the plan gives the view no stable bytes",
-                f"{field}.values[{view}].val.allocation_info")
+    if overwritten is not None and overwritten[0] <= last:
+        raise ProgramLoadError(
+            f"value {view} reads the memory planned for an input, which value {overwritten[1]} "
+            f"overwrites at instruction {overwritten[0]} before value {view}'s last use "
+            f"(instruction {last}): the plan gives the view no stable bytes",
+            f"{field}.values[{view}].val.allocation_info")
 
 
 def _state(values: list[schema.EValue], mem: _Memory, zeros: ZeroBuffers) -> set[int]:

@@ -145,3 +145,14 @@ def with_call_arg(data: bytes, instruction: int, arg: int, value: int) -> bytes:
     start, n = call._vector(1, "args", 4)
     assert 0 <= arg < n
     return _patch_u32(data, start + 4 * arg, value)
+
+
+def with_list_item(data: bytes, value: int, item: int, new: int) -> bytes:
+    """``data`` with item ``item`` of list value ``value`` (a ``TensorList``) naming ``new``."""
+    from exportir.format import _pte_fbs as fbs
+
+    lst = _plan(data).tables(fbs.ExecutionPlan.values, "values")[value].table(
+        fbs.EValue.val, "val")
+    start, n = lst._vector(0, "items", 4)
+    assert 0 <= item < n
+    return _patch_u32(data, start + 4 * item, new & 0xFFFFFFFF)

@@ -18,6 +18,7 @@ from pte_helpers import (
     tensors,
     with_allocation_offset,
     with_call_arg,
+    with_list_item,
 )
 
 from exportir.format import schema
@@ -90,6 +91,14 @@ def test_a_view_of_an_input_read_after_its_bytes_are_overwritten_is_refused():
     data = with_call_arg(_file("view_ops"), 19, 0, 9)
     with pytest.raises(ProgramLoadError, match=r"values\[9\]\.val\.allocation_info: value 9 "
                                                r"reads the memory planned for an input"):
+        Program.load(data)
+
+
+@pytest.mark.parametrize("item", [-1, 9999])
+def test_a_list_item_out_of_range_is_refused(item):
+    # value 7 is the split's out list [1, 2]: its items are read before they are validated
+    data = with_list_item(_file("view_ops"), 7, 0, item)
+    with pytest.raises(ProgramLoadError, match=rf"values\[7\]\.items\[0\]: value index {item} "):
         Program.load(data)
 
 

@@ -50,10 +50,13 @@ class Access:
 
 def _tensors(values: Sequence[schema.EValue], indices: Sequence[int]) -> set[int]:
     found: set[int] = set()
+    n = len(values)
     for i in indices:
         v = values[i]
         if isinstance(v, (schema.TensorList, schema.OptionalTensorList)):
-            found.update(j for j in v.items if isinstance(values[j], schema.Tensor))
+            # items are not validated yet: one out of range is refused by the validator
+            found.update(j for j in v.items
+                         if 0 <= j < n and isinstance(values[j], schema.Tensor))
         elif isinstance(v, schema.Tensor):
             found.add(i)
     return found

@@ -12,6 +12,7 @@ from pte_helpers import (
     executorch_pte,
     our_pte,
     run_in_executorch,
+    run_in_exportir,
     tensors,
 )
 
@@ -55,6 +56,13 @@ def test_our_pte_in_executorch(name):
             our_pte(name)
         return
     run_in_executorch(our_pte(name), name)
+
+
+@pytest.mark.parametrize("name", [e.name for e in ENTRIES if e.name not in REFUSED])
+def test_our_pte_in_exportir(name):
+    """exportir's .pte files read back by exportir's runtime (views its writer aliases at an
+    offset into their source's memory included), equal to eager."""
+    run_in_exportir(our_pte(name), name)
 
 
 @pytest.mark.parametrize("name", [e.name for e in ENTRIES if e.name not in

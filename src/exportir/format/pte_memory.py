@@ -6,15 +6,15 @@ values (docs/format/pte.md, "Reading ExecuTorch's files"):
 
 1. **Views.** ExecuTorch elides a static view copy by giving the view the memory of its source
    (a ``_ViewSpec`` shares its base's ``mem_id`` / ``mem_offset`` and lifetime), and plans an
-   input into the arena it copies the caller's tensor to. So a planned tensor that is read and
-   that no instruction writes reads bytes another tensor wrote. :func:`resolve` makes it a
-   ``ViewOf`` the tensor of its dtype that last wrote exactly its bytes (same arena, offset
-   and size, as a ``_ViewSpec`` has) before its first read (an input, and state of rule 2,
-   count as written before the first instruction: a view of a buffer reads the buffer as it is
-   when read). The validator then proves the plan
-   keeps those bytes for it: a view keeps its base live (``planning.lifetimes``), so a buffer
-   placed over them while the view is read is an overlap, and a view that no write reaches is
-   a read before anything wrote it.
+   input into the arena it copies the caller's tensor to; exportir's own .pte writer aliases a
+   contiguous view at an offset into its source. So a planned tensor that no instruction
+   writes reads bytes another tensor wrote. :func:`resolve` replays the writes in order and
+   makes it a ``ViewOf`` the one tensor that last wrote all of its bytes before its first read
+   (an output's: the end; an input, and state of rule 2, count as written before the first
+   instruction: a view of a buffer reads the buffer as it is when read). The validator then
+   proves the plan keeps those bytes for it: a view keeps its base live
+   (``planning.lifetimes``), so a buffer placed over them while the view is read is an
+   overlap, and a tensor no single write covers stays a read of memory nothing wrote.
 2. **Uninitialised state.** ExecuTorch plans a mutated buffer without its initial value unless
    the buffer was tagged for initialisation: the buffer is read first and written back at the
    end of the call. A planned tensor read before any instruction writes it and written later
@@ -88,11 +88,13 @@ def _overlap(a: schema.Allocation, b: schema.Allocation) -> bool:
 class _Memory:
     """Where each planned tensor is written and first read, over the kept instructions."""
 
-    def __init__(self, values: list[schema.EValue], accesses: Sequence[Access]) -> None:
+    def __init__(self, values: list[schema.EValue], accesses: Sequence[Access],
+                 outputs: Sequence[int]) -> None:
         self.values = values
         self.writes: dict[int, list[int]] = {}
         self.first_read: dict[int, int] = {}
         self.last_use: dict[int, int] = {}
+        self.end = len(accesses)
         for pc, a in enumerate(accesses):
             for i in a.writes:
                 self.writes.setdefault(i, []).append(pc)
@@ -100,52 +102,99 @@ class _Memory:
             for i in a.reads:
                 self.first_read.setdefault(i, pc)
                 self.last_use[i] = pc
+        for i in _tensors(values, [o for o in outputs if 0 <= o < len(values)]):
+            self.first_read.setdefault(i, self.end)  # the caller reads outputs after the end
+            self.last_use[i] = self.end
 
 
 def resolve(values: list[schema.EValue], accesses: Sequence[Access],
-            inputs: dict[int, schema.Allocation], field: str,
+            inputs: dict[int, schema.Allocation], outputs: Sequence[int], field: str,
             zeros: ZeroBuffers) -> None:
     """Apply both rules of the module docstring to ``values`` in place. ``accesses`` has one
     entry per instruction; ``inputs`` maps each planned input to the memory ExecuTorch planned
-    for it; ``field`` names the method in errors."""
-    mem = _Memory(values, accesses)
+    for it; ``outputs`` are read after the last instruction; ``field`` names the method in
+    errors."""
+    mem = _Memory(values, accesses, outputs)
     state = _state(values, mem, zeros)
     _views(values, mem, inputs, state, field)
 
 
+class _Painted:
+    """Which value last wrote each byte of one arena: breakpoints ``starts`` (sorted) and the
+    writer of ``[starts[i], starts[i + 1])`` (None: nothing yet)."""
+
+    __slots__ = ("owner", "starts")
+
+    def __init__(self) -> None:
+        self.starts: list[int] = [0]
+        self.owner: list[int | None] = [None]
+
+    def _split(self, at: int) -> None:
+        i = bisect.bisect_right(self.starts, at) - 1
+        if self.starts[i] != at:
+            self.starts.insert(i + 1, at)
+            self.owner.insert(i + 1, self.owner[i])
+
+    def paint(self, lo: int, hi: int, value: int) -> None:
+        if lo >= hi:
+            return
+        self._split(hi)
+        self._split(lo)
+        i, j = bisect.bisect_left(self.starts, lo), bisect.bisect_left(self.starts, hi)
+        self.starts[i:j] = [lo]
+        self.owner[i:j] = [value]
+
+    def writer(self, lo: int, hi: int) -> int | None:
+        """The one value that last wrote all of ``[lo, hi)`` (None: nothing, or several)."""
+        i = bisect.bisect_right(self.starts, lo) - 1
+        if hi <= lo or (i + 1 < len(self.starts) and self.starts[i + 1] < hi):
+            return None
+        return self.owner[i]
+
+
 def _views(values: list[schema.EValue], mem: _Memory, inputs: dict[int, schema.Allocation],
            state: set[int], field: str) -> None:
-    # (arena, offset, nbytes, dtype) -> sorted (pc of a write, value): who wrote those bytes
-    # when; inputs and state hold their value before the first instruction
-    writers: dict[tuple, list[tuple[int, int]]] = {}
-    sources = [(k, v.storage, mem.writes[k]) for k, v in enumerate(values)
-               if _planned(v) and k in mem.writes]
-    sources += [(k, a, [-1]) for k, a in inputs.items()]
-    sources += [(k, values[k].storage, [-1, *mem.writes[k]]) for k in sorted(state)]
-    for base, alloc, pcs in sources:
-        if _contiguous(values[base]):
-            key = (alloc.arena, alloc.offset, alloc.nbytes, values[base].dtype)
-            writers.setdefault(key, []).extend((pc, base) for pc in pcs)
-    for found in writers.values():
-        found.sort()
-    # input -> the first write over its planned bytes: (instruction, value)
-    overwritten: dict[int, tuple[int, int] | None] = {}
+    """Rule 1, replaying the writes in order: a view first read at ``pc`` (an output: at the
+    end) takes the value that last wrote all its bytes before ``pc``."""
+    memory = {k: a for k, a in inputs.items()}
+    events: list[tuple[int, int, int]] = []  # (pc, 0: a query / 1: a write, value)
     for k, v in enumerate(values):
-        if not _planned(v) or k in mem.writes or k not in mem.first_read:
+        if not (isinstance(v, schema.Tensor) and isinstance(v.storage, schema.Allocation)):
             continue
-        st = v.storage
-        found = writers.get((st.arena, st.offset, st.nbytes, v.dtype), [])
-        at = bisect.bisect_left(found, (mem.first_read[k], -1)) - 1
-        if at < 0:
+        if k in state or (_planned(v) and k in mem.writes):
+            memory[k] = v.storage
+            events += [(pc, 1, k) for pc in mem.writes[k]]
+        elif _planned(v):  # read (by an instruction, or as an output), or never
+            events.append((mem.first_read.get(k, mem.end), 0, k))
+    # inputs and state hold their value before the first instruction
+    events += [(-1, 1, k) for k in sorted({*inputs, *state})]
+    arenas: dict[int, _Painted] = {}
+    overwritten: dict[int, tuple[int, int] | None] = {}  # input -> its first overwrite
+    for _, kind, k in sorted(events):
+        if kind:
+            a = memory[k]
+            arenas.setdefault(a.arena, _Painted()).paint(a.offset, a.offset + a.nbytes, k)
+            continue
+        v = values[k]
+        painted = arenas.get(v.storage.arena)
+        base = painted.writer(v.storage.offset, v.storage.offset + v.nbytes) if painted else None
+        if base is None or not _can_view(values[base], memory[base], v):
             continue  # read before anything wrote it: refused when the method is typed
-        base = found[at][1]
         if base in inputs:
             if base not in overwritten:
                 overwritten[base] = _first_write_over(values, mem, inputs[base])
             _check_input_view(mem, k, overwritten[base], field)
         order = tuple(range(len(v.sizes)))
+        offset = (v.storage.offset - memory[base].offset) // schema.ELEMENT_SIZE[v.dtype]
         values[k] = schema.Tensor(v.dtype, v.sizes, order, schema.ViewOf(
-            base, 0, schema.dense_strides(v.sizes, order)))
+            base, offset, schema.dense_strides(v.sizes, order)))
+
+
+def _can_view(base: schema.Tensor, memory: schema.Allocation, view: schema.Tensor) -> bool:
+    """Whether ``view`` can read ``base``'s elements: one dtype, a contiguous base, whole
+    elements in."""
+    return base.dtype == view.dtype and _contiguous(base) and (
+        view.storage.offset - memory.offset) % schema.ELEMENT_SIZE[view.dtype] == 0
 
 
 def _first_write_over(values: list[schema.EValue], mem: _Memory, alloc: schema.Allocation
@@ -161,7 +210,7 @@ def _check_input_view(mem: _Memory, view: int, overwritten: tuple[int, int] | No
                       field: str) -> None:
     """A view of an input reads the caller's tensor, while ExecuTorch reads the arena the input
     was copied to: the two agree only while no instruction writes those bytes."""
-    last = mem.last_use[view]
+    last = mem.last_use.get(view, mem.end)
     if overwritten is not None and overwritten[0] <= last:
         raise ProgramLoadError(
             f"value {view} reads the memory planned for an input, which value {overwritten[1]} "

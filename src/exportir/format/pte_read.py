@@ -410,9 +410,9 @@ class _PlanReader:
             i for i in _mentions(ins) if 0 <= i < len(self.values)], writes)
 
     def drop_unused(self, kept: list[schema.Instruction]) -> None:
-        """A tensor without memory that nothing reads or writes (a constant whose views were
-        laid out on their own) is no value to run: it becomes a Null rather than memory the
-        runtime would reserve."""
+        """A tensor that nothing reads or writes (a constant whose views were laid out on their
+        own, a planned view source no instruction names) is no value to run: it becomes a Null
+        rather than memory the runtime would reserve (and the plan would check)."""
         used = set(self.inputs) | set(self.outputs)
         for ins in kept:
             used.update(_mentions(ins))
@@ -423,7 +423,7 @@ class _PlanReader:
                 used.add(v.storage.base)
         for k, v in enumerate(self.values):
             if k not in used and isinstance(v, schema.Tensor) and isinstance(
-                v.storage, schema.DynamicStorage
+                v.storage, (schema.DynamicStorage, schema.Allocation)
             ):
                 self.values[k] = schema.Null()
 
@@ -505,7 +505,8 @@ class _PlanReader:
                 kept.append(found[0])
                 accesses.append(self.access(found[0], found[1]))
         starts.append(len(kept))
-        pte_memory.resolve(self.values, accesses, self.input_memory, self.path, self.r.zeros)
+        pte_memory.resolve(self.values, accesses, self.input_memory, self.outputs, self.path,
+                           self.r.zeros)
         self.drop_unused(kept)
         instructions, debug = [], []
         for ins in kept:

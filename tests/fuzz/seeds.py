@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -143,10 +144,12 @@ def xpt_seeds() -> dict[str, bytes]:
 
 def pte_seeds() -> dict[str, bytes]:
     """ExecuTorch .pte files exportir writes: each model of :func:`xpt_seeds` on the portable
-    road that the .pte format carries (a model it refuses is no seed)."""
+    road that the .pte format carries (a model it refuses is no seed); and ExecuTorch's own
+    (tests/format/data: views and buffer state it leaves to memory offsets)."""
     from exportir.format.pte_write import PteEncodeError
 
-    seeds = {}
+    data = Path(__file__).resolve().parents[1] / "format" / "data"
+    seeds = {p.stem: p.read_bytes() for p in sorted(data.glob("executorch_*.pte"))}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for name, (model, args, shapes) in _models().items():

@@ -502,3 +502,50 @@ def test_lowering_a_dynamic_program_decides_no_symbolic_size():
     for batch in (1, 4):
         inp = torch.randn(batch, 4)
         torch.testing.assert_close(method(inp), model(inp))
+
+
+class InvertedResidual(nn.Module):
+    """A MobileNetV2 block at a small size (the depthwise convolution is below
+    ``SMALL_CONV_MACS``), then an EfficientNet squeeze-excite on its output."""
+
+    def __init__(self, c=32, hidden=96):
+        super().__init__()
+        self.expand = nn.Sequential(nn.Conv2d(c, hidden, 1, bias=False), nn.BatchNorm2d(hidden),
+                                    nn.ReLU6())  # fmt: skip
+        self.dw = nn.Sequential(nn.Conv2d(hidden, hidden, 3, 1, 1, groups=hidden, bias=False),
+                                nn.BatchNorm2d(hidden), nn.ReLU6())  # fmt: skip
+        self.project = nn.Sequential(nn.Conv2d(hidden, c, 1, bias=False), nn.BatchNorm2d(c))
+        self.reduce = nn.Conv2d(c, 4, 1)
+        self.restore = nn.Conv2d(4, c, 1)
+
+    def forward(self, x):
+        y = x + self.project(self.dw(self.expand(x)))
+        scale = self.restore(F.silu(self.reduce(y.mean((2, 3), keepdim=True))))
+        return y * torch.sigmoid(scale)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+def test_depthwise_and_squeeze_excite_convolutions_pick_their_kernels():
+    model = _trained(InvertedResidual())
+    args = (torch.randn(1, 32, 24, 24),)
+    edge = _lower(model, args)
+    (header,) = _headers(edge)
+    ops = [op[0] for op in header["ops"]]
+    # every convolution of the block on oneDNN, the ReLU6s as post-ops (the depthwise one too,
+    # below SMALL_CONV_MACS), the residual add inside the projection
+    convs = [op for op in header["ops"] if op[0].startswith("mkldnn._convolution_pointwise")]
+    assert [c[0] for c in convs] == ["mkldnn._convolution_pointwise.default"] * 2 + [
+        "mkldnn._convolution_pointwise.binary"
+    ]
+    assert convs[1][1][6] == 96  # groups: the depthwise one
+    assert [c[1][7] for c in convs[:2]] == ["hardtanh", "hardtanh"]
+    assert "aten.hardtanh.default" not in ops
+    # the squeeze-excite 1x1 convolutions of a 1x1 image: linears of weights reshaped once
+    assert ops.count("aten.linear.default") == 2
+    assert "aten.convolution.default" not in ops and "aten.thnn_conv2d.default" not in ops
+    # every weight owned by the blob (packed or reshaped once); the image and the two
+    # squeeze-excite biases (used as they are) come in
+    assert len(header["inputs"]) == 3
+    # channels-last once: the later convolutions read oneDNN's NHWC results
+    assert ops.count("aten.clone.default") == 1
+    _check(model, args, edge, atol=1e-4)

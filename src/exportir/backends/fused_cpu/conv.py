@@ -11,10 +11,11 @@ becomes (``_nn`` kernels, 1-D ones through a size-1 height):
 - pad + ``unfold`` + ``mul`` + ``sum`` (+ bias) for a 1-D depthwise convolution (one filter per
   channel, no dilation).
 
-Larger 2-D convolutions with a constant weight become oneDNN's
-``mkldnn::_convolution_pointwise`` (the executor packs the weight into oneDNN's blocked layout
-once, at load, instead of on every call), and a ``relu`` after one, or an ``add`` of a tensor of
-the same shape (then a ``relu``: a residual block's tail), joins it.
+Larger 2-D convolutions with a constant weight, and grouped (depthwise) 2-D ones at every size,
+become oneDNN's ``mkldnn::_convolution_pointwise`` (the executor packs the weight into oneDNN's
+blocked layout once, at load, instead of on every call), and a ``relu`` after one, or an ``add``
+of a tensor of the same shape (then a ``relu``: a residual block's tail), joins it. A 1x1
+convolution of a 1x1 image (a squeeze-excite block's) is a ``linear`` of the reshaped weight.
 
 Results match ``convolution`` up to float rounding (another summation order).
 """
@@ -28,13 +29,21 @@ import torch
 from exportir.backends.fused_cpu.ir import Graph, Op, Value, static_shape
 from exportir.runtime.backends.fused_cpu import OPS
 
-__all__ = ["CONV_FUSIONS", "CONV_RULES", "SMALL_CONV_MACS", "channels_last"]
+__all__ = [
+    "CONV_FUSIONS",
+    "CONV_RULES",
+    "SMALL_CONV_MACS",
+    "channels_last",
+    "grouped_2d",
+    "pointwise_on_pixel",
+]
 
 SMALL_CONV_MACS = 1 << 20
 _POINTWISE = "mkldnn._convolution_pointwise.default"
 _BINARY = "mkldnn._convolution_pointwise.binary"
 
 _UNSQUEEZE = "aten.unsqueeze_copy.default"
+_VIEW = "aten.view_copy.default"
 
 
 def _macs(op: Op, w_shape: tuple[int, ...]) -> int:
@@ -53,7 +62,9 @@ def small_conv(g: Graph, op: Op) -> bool:
     stride, padding, dilation, output_padding = (
         _spatial(p, len(x_shape) - 2) for p in (*params[:3], params[4])
     )
-    if _macs(op, w_shape) > SMALL_CONV_MACS:
+    if pointwise_on_pixel(x_shape, w_shape, padding, groups, transposed):
+        return _as_linear(g, op)
+    if _macs(op, w_shape) > SMALL_CONV_MACS or grouped_2d(x_shape, groups, transposed):
         return _onednn(g, op, stride, padding, dilation)
     if any(d != 1 for d in dilation):
         return False
@@ -63,6 +74,36 @@ def small_conv(g: Graph, op: Op) -> bool:
     if depthwise and not transposed and len(x_shape) == 3:
         return _depthwise_1d(g, op, stride[0], padding[0])
     return False
+
+
+def grouped_2d(x_shape: tuple[int, ...], groups: int, transposed: bool) -> bool:
+    """A grouped (depthwise) 2-D convolution: oneDNN with a packed weight at every size (its
+    NHWC depthwise kernel took 0.8x of ``convolution``'s at 7x7-14x14, and an activation
+    after it then joins it as a post-op)."""
+    return groups != 1 and len(x_shape) == 4 and not transposed
+
+
+def pointwise_on_pixel(x_shape: tuple[int, ...], w_shape: tuple[int, ...], padding: list,
+                        groups: int, transposed: bool) -> bool:  # fmt: skip
+    """A 1x1 convolution of a 1x1 image (a squeeze-excite block's): a matrix product."""
+    return (len(x_shape) == 4 and x_shape[2:] == (1, 1) and w_shape[2:] == (1, 1)
+            and groups == 1 and not transposed and not any(padding))  # fmt: skip
+
+
+def _as_linear(g: Graph, op: Op) -> bool:
+    """``conv(x, w, b)`` of a ``[N, C, 1, 1]`` input and 1x1 kernel is ``linear(x.view(N, C),
+    w.view(O, C), b).view(N, O, 1, 1)``: one GEMV (some 3 us) instead of ``thnn_conv2d``'s
+    im2col path (8-20 us) for a squeeze-excite block's two convolutions."""
+    x, w, bias = op.args[:3]
+    n, c = static_shape(x)[:2]
+    o = static_shape(w)[0]
+    nodes = op.nodes
+    flat = g.emit_before(op, _VIEW, [x, [n, c]], (n, c), x.dtype, nodes)
+    w2 = g.emit_before(op, _VIEW, [w, [o, c]], (o, c), w.dtype, nodes)
+    out = g.emit_before(op, "aten.linear.default", [flat, w2, bias], (n, o), op.out.dtype, nodes)
+    op.name, op.args, op.kwargs = _VIEW, [out, [n, o, 1, 1]], {}
+    g.changed()
+    return True
 
 
 def _spatial(param: list[int], n: int) -> list[int]:
@@ -190,25 +231,60 @@ def _with_height(v: Value) -> tuple[int, ...]:
     return (*shape[:2], 1, *shape[2:])
 
 
+# Ops whose result has its first argument's shape and memory order when that argument is
+# channels-last (TensorIterator keeps the first operand's order; a [N, C, 1, 1] second operand
+# broadcasts over it).
+_KEEPS_ORDER = frozenset({
+    "aten.relu.default", "aten.sigmoid.default", "aten.tanh.default", "aten.silu.default",
+    "aten.hardswish.default", "aten.hardsigmoid.default", "aten.hardtanh.default",
+    "aten.clamp.default", "aten.gelu.default", "aten.leaky_relu.default", "aten.elu.default",
+    "aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor", "aten.div.Tensor",
+})  # fmt: skip
+
+
+def _channels_last_values(g: Graph) -> set[int]:
+    """Ids of the values known to be channels-last when the delegate runs: the outputs of the
+    oneDNN convolutions (NHWC in, NHWC out), of channels-last ``clone`` s, and of
+    order-keeping ops (:data:`_KEEPS_ORDER`) of one of them, same shape."""
+    known: set[int] = set()
+    for op in g.ops:
+        if len(op.outs) == 1 and _makes_channels_last(op, known):
+            known.add(id(op.out))
+    return known
+
+
+def _makes_channels_last(op: Op, known: set[int]) -> bool:
+    if op.name in (_POINTWISE, _BINARY):
+        return True
+    if op.name == "aten.clone.default":
+        return op.kwargs.get("memory_format") is torch.channels_last
+    first = op.args[0] if op.args else None
+    return (op.name in _KEEPS_ORDER and isinstance(first, Value) and id(first) in known
+            and static_shape(first) == static_shape(op.out))  # fmt: skip
+
+
 def channels_last(g: Graph) -> bool:
     """Every oneDNN convolution reads its input in channels-last order (NHWC): its output is
-    then channels-last too, elementwise ops keep that order, and the next convolution's
-    conversion is a no-op (``contiguous`` returns its argument), so a conv net converts once,
-    at its first convolution. oneDNN runs NHWC convolutions 1.1-5x faster than NCHW ones on
-    the benchmark machine (depthwise 3x3 most). Results match up to float rounding."""
+    then channels-last too, elementwise ops keep that order, so a conv net converts once, at
+    its first convolution; a conversion is inserted only where the input is not known to be
+    channels-last already (:func:`_channels_last_values`; a conversion of a channels-last
+    tensor would return it unchanged, but still cost a call). oneDNN runs NHWC convolutions
+    1.1-5x faster than NCHW ones on the benchmark machine (depthwise 3x3 most). Results match
+    up to float rounding."""
     changed = False
+    known = _channels_last_values(g)
     for op in list(g.ops):
         if op.name not in (_POINTWISE, _BINARY) or not isinstance(op.args[0], Value):
             continue
         x = op.args[0]
-        made = g.producer(x, "aten.clone.default")
-        if made is not None and made.kwargs.get("memory_format") is torch.channels_last:
+        if id(x) in known:
             continue
         nodes = (*op.nodes[:1], f"{op.nodes[0]}_channels_last")
         value = Value(torch.empty(static_shape(x), dtype=x.dtype, device="meta"), name=nodes[-1])
         g.insert_before(op, Op("aten.clone.default", [x], {"memory_format": torch.channels_last},
                                [value], False, nodes))  # fmt: skip
         op.args[0] = value
+        known.add(id(value))
         changed = True
     return changed
 

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from exportir.backends.fused_cpu.backend import Unencodable, encode_arg, op_name
-from exportir.backends.fused_cpu.conv import SMALL_CONV_MACS
+from exportir.backends.fused_cpu.conv import SMALL_CONV_MACS, grouped_2d, pointwise_on_pixel
 from exportir.backends.fused_cpu.epilogue import PACKED_MIN_ROWS
 from exportir.dialects.backend import (
     DELEGATION_TAG,
@@ -196,10 +196,33 @@ def _onednn_conv(conv: Node) -> bool:
         return False
     if x.dim() != 4 or x.dtype != torch.float32 or w.dtype != torch.float32:
         return False
-    shapes = (*out.shape, *w.shape)
+    shapes = (*x.shape, *out.shape, *w.shape)
     if not all(type(d) is int for d in shapes):
         return False
-    return math.prod(out.shape) * math.prod(w.shape[1:]) > SMALL_CONV_MACS
+    groups, transposed = conv.args[8], conv.args[6]
+    if _pixel_conv(conv):
+        return False
+    macs = math.prod(out.shape) * math.prod(w.shape[1:])
+    return macs > SMALL_CONV_MACS or grouped_2d(tuple(x.shape), groups, transposed)
+
+
+def _pixel_conv(conv: Node) -> bool:
+    """Whether ``preprocess`` will run this convolution as a linear of a reshaped weight
+    (:func:`exportir.backends.fused_cpu.conv.pointwise_on_pixel`): the reshape is then folded
+    once instead of run at every call."""
+    x, w = (getattr(n, "meta", {}).get("val") for n in conv.args[:2])
+    if not all(isinstance(t, torch.Tensor) for t in (x, w)):
+        return False
+    if not all(type(d) is int for d in (*x.shape, *w.shape)):
+        return False
+    padding = list(conv.args[4]) if isinstance(conv.args[4], (list, tuple)) else [1]
+    return pointwise_on_pixel(tuple(x.shape), tuple(w.shape), padding, conv.args[8], conv.args[6])
+
+
+def _packed_conv(conv: Node) -> bool:
+    """Whether ``preprocess`` rewrites this convolution's weight: packed for oneDNN at load,
+    or reshaped once for a linear."""
+    return _onednn_conv(conv) or _pixel_conv(conv)
 
 
 def _folded_constants(graph: Any, state: set[Node]) -> set[Node]:
@@ -217,8 +240,8 @@ def _folded_constants(graph: Any, state: set[Node]) -> set[Node]:
                 and all(op_name(u.target) in _MATMULS and not _packed(u) for u in node.users)
             ):
                 folded.update(n for n in inputs if n in state)
-        if op_name(node.target) == _CONV and _onednn_conv(node) and node.args[1] in state:
-            folded.add(node.args[1])  # packed for oneDNN at load
+        if op_name(node.target) == _CONV and node.args[1] in state and _packed_conv(node):
+            folded.add(node.args[1])
         if op_name(node.target) == _BN:
             conv = node.args[0]
             if (

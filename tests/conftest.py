@@ -21,8 +21,10 @@ _SRC = _TESTS.parent / "src"
 
 if str(_TESTS) not in sys.path:
     sys.path.insert(0, str(_TESTS))
-if _SRC.is_dir() and str(_SRC) not in sys.path:
-    sys.path.append(str(_SRC))
+# first on the path: a checkout (a git worktree, a fresh clone) tests its own src/, even when the
+# venv holds an editable install of another checkout
+if _SRC.is_dir() and str(_SRC) not in sys.path[:1]:
+    sys.path.insert(0, str(_SRC))
 
 OURS_ENV = "EXPORTIR_FX_IMPL"
 

@@ -515,45 +515,74 @@ class _MethodEncoder:
 
 # ------------------------------------------------------------------------------ flatbuffer
 
+_WIDTH = {"Int64": 8, "Uint64": 8, "Float64": 8, "off": 4, "Int32": 4, "Uint32": 4,
+          "Int8": 1, "Uint8": 1, "Bool": 1}
+
+
+def _exact(x: Any) -> Any:
+    """A key telling apart values that compare equal but encode differently (0.0 and -0.0)."""
+    return ("f", x.hex()) if isinstance(x, float) else x
+
+
 
 class _Writer:
     """Builds the flatbuffer bottom-up with ``flatbuffers.Builder`` (children before
-    parents, vectors back to front)."""
+    parents, vectors back to front). Equal strings, vectors and tables are written once and
+    shared by every reference (a flatbuffer is a DAG of offsets), and a table's fields are laid
+    out widest first, so no padding falls between them."""
 
     def __init__(self) -> None:
         self.b = flatbuffers.Builder(1 << 16)
+        self.shared: dict[tuple, int] = {}
 
     def table(self, num: int, fields: Sequence[tuple[str, int, Any]]) -> int:
         """``fields``: (kind, slot, value) with kind one of the Prepend*Slot suffixes or
         ``"off"`` for an offset; ``None`` values are left out (the schema default)."""
+        present = sorted(((k, s, v) for k, s, v in fields if v is not None),
+                         key=lambda f: -_WIDTH[f[0]])
+        key = ("table", num, *((k, s, _exact(v)) for k, s, v in present))
+        found = self.shared.get(key)
+        if found is not None:
+            return found
         b = self.b
         b.StartObject(num)
-        for kind, slot, value in fields:
-            if value is None:
-                continue
+        for kind, slot, value in present:
             if kind == "off":
                 b.PrependUOffsetTRelativeSlot(slot, value, 0)
             else:
                 getattr(b, f"Prepend{kind}Slot")(slot, value, 0 if kind != "Bool" else False)
-        return b.EndObject()
+        found = self.shared[key] = b.EndObject()
+        return found
 
     def offsets(self, items: Sequence[int]) -> int:
-        b = self.b
-        b.StartVector(4, len(items), 4)
-        for off in reversed(items):
-            b.PrependUOffsetTRelative(off)
-        return b.EndVector()
+        key = ("offsets", *items)
+        found = self.shared.get(key)
+        if found is None:
+            b = self.b
+            b.StartVector(4, len(items), 4)
+            for off in reversed(items):
+                b.PrependUOffsetTRelative(off)
+            found = self.shared[key] = b.EndVector()
+        return found
 
     def scalars(self, kind: str, size: int, items: Sequence[Any]) -> int:
-        b = self.b
-        b.StartVector(size, len(items), size)
-        prepend = getattr(b, f"Prepend{kind}")
-        for x in reversed(items):
-            prepend(x)
-        return b.EndVector()
+        key = (kind, *(_exact(x) for x in items))
+        found = self.shared.get(key)
+        if found is None:
+            b = self.b
+            b.StartVector(size, len(items), size)
+            prepend = getattr(b, f"Prepend{kind}")
+            for x in reversed(items):
+                prepend(x)
+            found = self.shared[key] = b.EndVector()
+        return found
 
     def string(self, s: str) -> int:
-        return self.b.CreateString(s)
+        key = ("string", s)
+        found = self.shared.get(key)
+        if found is None:
+            found = self.shared[key] = self.b.CreateString(s)
+        return found
 
     # -- values --------------------------------------------------------------------------------
 
@@ -624,8 +653,7 @@ class _Writer:
         outputs = self.scalars("Int32", 4, m.outputs)
         instructions = self.offsets([self.instruction(i) for i in m.instructions])
         chain = self.table(fbs.Chain.NUM, [
-            ("off", fbs.Chain.inputs, self.scalars("Int32", 4, m.inputs)),
-            ("off", fbs.Chain.outputs, self.scalars("Int32", 4, m.outputs)),
+            ("off", fbs.Chain.inputs, inputs), ("off", fbs.Chain.outputs, outputs),
             ("off", fbs.Chain.instructions, instructions),
         ])
         chains = self.offsets([chain])
@@ -672,22 +700,22 @@ def _align(n: int, alignment: int) -> int:
 
 def write_pte(program: schema.Program) -> bytes:
     """The ``.pte`` bytes of ``program``: flatbuffer with the extended header inserted after
-    its identifier, then the constant segment (each tensor 16-byte aligned) and, when methods
-    keep state, the mutable-data segment, each segment 128-byte aligned."""
+    its identifier, then one 128-byte aligned segment: the constant tensors, then (when methods
+    keep state) the initial values of the mutable ones, each 16-byte aligned."""
     check_pte_coverage(program)
     constants = _Constants(program.constants)
     mutable: list[int] = []
     methods = [_MethodEncoder(m, constants, mutable).encode() for m in program.methods]
-    const_data, const_offsets = constants.layout(fbs.TENSOR_ALIGNMENT)
-    blobs = [bytes(const_data)]
+    data, const_offsets = constants.layout(fbs.TENSOR_ALIGNMENT)
     mutable_ref = None
-    if mutable:
-        data, offsets = bytearray(), [0]
+    if mutable:  # a subsegment of the same segment: no second segment alignment to pad to
+        offsets = [0]
         for b in mutable:
+            data += bytes(-len(data) % fbs.TENSOR_ALIGNMENT)
             offsets.append(len(data))
             data += bytes(program.constants[b].data)
-        mutable_ref = (1, offsets)
-        blobs.append(bytes(data))
+        mutable_ref = (0, offsets)
+    blobs = [bytes(data)]
     segments, pos = [], 0
     for blob in blobs:
         pos = _align(pos, fbs.SEGMENT_ALIGNMENT)

@@ -253,8 +253,9 @@ class _MethodEncoder:
         self.view_arena: int | None = None
         self.runtime_views: dict[int, tuple[schema.ViewOf, bool]] = {}
         self.physical: dict[int, int] = {}
-        self.false_value: int | None = None
+        self.read_only: dict[tuple, int] = {}
         self.resized = self.resized_outs()
+        self.planned_inputs = self.plan_inputs()
         self.outputs = list(m.outputs)
         self.mentioned = {i for ins in m.instructions for i in self.reads(ins)}
         self.mentioned.update(m.outputs)
@@ -268,6 +269,35 @@ class _MethodEncoder:
             and isinstance(m.values[v.storage.base], schema.Tensor)
             and _expands(v, m.values[v.storage.base])
         )
+
+    def written(self) -> set[int]:
+        """Values some instruction writes (out arguments, in-place targets, move targets)."""
+        found: set[int] = set()
+        for ins in self.m.instructions:
+            if isinstance(ins, schema.KernelCall):
+                name = _qualified(*pte_operator_name(self.m.operators[ins.op_index]))
+                n_args, returns = PTE_KERNELS.get(name, (len(ins.args), ()))
+                found.update(ins.args[r] for r in returns if 0 <= r < len(ins.args))
+                found.update(ins.args[n_args:])  # results the call appends
+            elif isinstance(ins, schema.MoveCall):
+                found.add(ins.dst)
+        return found
+
+    def plan_inputs(self) -> dict[int, tuple[int, int]]:
+        """Planned memory for the inputs that views read, as ExecuTorch plans every input: the
+        runtime copies the caller's tensor in once per call, and each view of it is an alias
+        rather than an ``as_strided_copy`` before every instruction reading it. Inputs the
+        method writes stay bound to the caller's tensor (the caller sees the write)."""
+        viewed = {v.storage.base for v in self.m.values if isinstance(v, schema.Tensor)
+                  and isinstance(v.storage, schema.ViewOf)}
+        written = self.written()
+        found = {}
+        for i in self.m.inputs:
+            t = self.m.values[i]
+            if ((i in viewed or i in self.m.outputs) and i not in written and isinstance(t, schema.Tensor)
+                    and isinstance(t.storage, schema.InputStorage) and not t.dynamic):
+                found[i] = self.reserve(t.nbytes)
+        return found
 
     def resized_outs(self) -> set[int]:
         found = set()
@@ -301,7 +331,7 @@ class _MethodEncoder:
                     self.mutable.append(t.initial)
                     data = len(self.mutable)
             case schema.InputStorage():
-                pass
+                alloc = self.planned_inputs.get(i)
             case schema.DynamicStorage():
                 raise self.fail(f"value {i}", "a tensor without an upper bound on its size "
                                 "(runtime-allocated): ExecuTorch's planned memory cannot hold it")
@@ -325,10 +355,12 @@ class _MethodEncoder:
                 return self.constants.ref(root.storage.buffer, v.offset * esize), None
             return self.constants.ref(_strided_bytes(root, stored, t, v)), None
         relaid = _contiguous_view(root, t, v)
-        if relaid is not None and isinstance(root.storage, schema.Allocation) and _dense(
-            t, relaid.strides
-        ):
-            return 0, (root.storage.arena + 1, root.storage.offset + relaid.offset * esize)
+        if isinstance(root.storage, schema.Allocation):
+            where: tuple[int, int] | None = (root.storage.arena + 1, root.storage.offset)
+        else:
+            where = self.planned_inputs.get(v.base)
+        if relaid is not None and where is not None and _dense(t, relaid.strides):
+            return 0, (where[0], where[1] + relaid.offset * esize)
         # copied at run time: from the base (contiguous in ExecuTorch), or when the view only
         # exists over the base's own dim order, from a copy of the base in that order
         self.runtime_views[i] = (relaid or v, relaid is None)
@@ -401,13 +433,19 @@ class _MethodEncoder:
         if not isinstance(self.m.values[ins.src], schema.Tensor):
             return ("MoveCall", ins.src, ins.dst)
         # ExecuTorch's MoveCall rebinds the value; exportir's copies the tensor's contents
-        if self.false_value is None:
-            self.false_value = self.add(("Bool", False))
         op = self.operator(*_COPY)
-        return ("KernelCall", op, (ins.dst, ins.src, self.false_value, ins.dst))
+        return ("KernelCall", op, (ins.dst, ins.src, self.constant(("Bool", False)), ins.dst))
+
+    def constant(self, value: tuple) -> int:
+        """A read-only scalar or list the encoding adds, shared with every equal one (a value
+        no instruction writes and the caller does not pass)."""
+        found = self.read_only.get(value)
+        if found is None:
+            found = self.read_only[value] = self.add(value)
+        return found
 
     def int_list(self, items: Sequence[int]) -> int:
-        return self.add(("IntList", tuple(self.add(("Int", x)) for x in items)))
+        return self.constant(("IntList", tuple(self.constant(("Int", x)) for x in items)))
 
     def materialize(self, i: int) -> list[tuple]:
         """``as_strided_copy`` of view ``i`` from its base (first a ``permute_copy`` of the
@@ -428,7 +466,7 @@ class _MethodEncoder:
             op = self.operator(*_PERMUTE)
             found.append(("KernelCall", op, (v.base, dims, source, source)))
         sizes, strides = self.int_list(t.sizes), self.int_list(v.strides)
-        offset = self.add(("Int", v.offset))
+        offset = self.constant(("Int", v.offset))
         op = self.operator(*_AS_STRIDED)
         found.append(("KernelCall", op, (source, sizes, strides, offset, i, i)))
         return found
@@ -439,7 +477,8 @@ class _MethodEncoder:
         found = []
         for k, i in enumerate(self.outputs):
             t = self.m.values[i]
-            if not (isinstance(t, schema.Tensor) and isinstance(t.storage, schema.InputStorage)):
+            if not (isinstance(t, schema.Tensor) and isinstance(t.storage, schema.InputStorage)
+                    and i not in self.planned_inputs):  # a planned input is the runtime's copy
                 continue
             copy = self.add(("Tensor", int(t.dtype), t.sizes, tuple(range(len(t.sizes))), 0,
                              self.reserve(t.nbytes),
@@ -498,8 +537,11 @@ class _MethodEncoder:
         return flat + tail
 
     def encode(self) -> _Method:
+        fixed = self.written() | set(self.m.inputs)
         for i, v in enumerate(self.m.values):  # in order: value i of the method is value i
             self.values.append(self.value(i, v))
+            if isinstance(v, (schema.Int, schema.Bool)) and i not in fixed:
+                self.read_only.setdefault(self.values[-1], i)
         instructions = self.instructions()
         return _Method(
             # a str input is fixed at export (the method runs with that value only) and

@@ -254,6 +254,8 @@ class _MethodEncoder:
         self.runtime_views: dict[int, tuple[schema.ViewOf, bool]] = {}
         self.physical: dict[int, int] = {}
         self.read_only: dict[tuple, int] = {}
+        self.scratch_sizes: dict[Any, int] = {}
+        self.block_keys: list[set[Any]] = []
         self.resized = self.resized_outs()
         self.planned_inputs = self.plan_inputs()
         self.outputs = list(m.outputs)
@@ -364,7 +366,41 @@ class _MethodEncoder:
         # copied at run time: from the base (contiguous in ExecuTorch), or when the view only
         # exists over the base's own dim order, from a copy of the base in that order
         self.runtime_views[i] = (relaid or v, relaid is None)
-        return 0, self.reserve(t.nbytes)
+        return 0, self.scratch(i, t.nbytes)
+
+    def scratch(self, key: Any, nbytes: int) -> tuple[str, Any]:
+        """A placeholder allocation for a copy made just before the instruction reading it:
+        copies never read by one instruction share memory (:meth:`place_scratch`)."""
+        self.scratch_sizes[key] = nbytes
+        return ("scratch", key)
+
+    def place_scratch(self) -> None:
+        """Lays the run-time copies out in one more arena: first fit, each apart from the copies
+        made for the same instruction (the only ones alive with it), then points their values
+        at the places found."""
+        if not self.scratch_sizes:
+            return
+        together: dict[Any, set[Any]] = {k: set() for k in self.scratch_sizes}
+        for keys in self.block_keys:
+            for k in keys:
+                together[k] |= keys
+        placed: dict[Any, int] = {}
+        end = 0
+        for key, nbytes in self.scratch_sizes.items():
+            busy = sorted((placed[o], placed[o] + self.scratch_sizes[o]) for o in together[key]
+                          if o in placed)
+            offset = 0
+            for lo, hi in busy:
+                if offset + nbytes <= lo:
+                    break
+                offset = max(offset, _align(hi, 16))
+            placed[key] = offset
+            end = max(end, _align(offset + nbytes, 16))
+        arena = len(self.arenas)
+        self.arenas.append(end)
+        for k, v in enumerate(self.values):
+            if v[0] == "Tensor" and isinstance(v[5], tuple) and v[5][0] == "scratch":
+                self.values[k] = (*v[:5], (arena + 1, placed[v[5][1]]), v[6])
 
     def reserve(self, nbytes: int) -> tuple[int, int]:
         """Planned memory for a copy this encoding adds, in an arena of its own."""
@@ -452,6 +488,7 @@ class _MethodEncoder:
         base into its own dim order, when the view only exists over that order)."""
         v, physical = self.runtime_views[i]
         t = self.m.values[i]
+        self.block_keys[-1].add(i)
         found: list[tuple] = []
         source = v.base
         if physical:
@@ -461,7 +498,8 @@ class _MethodEncoder:
                 sizes = tuple(root.sizes[d] for d in root.dim_order)
                 source = self.physical[v.base] = self.add((
                     "Tensor", int(root.dtype), sizes, tuple(range(len(sizes))), 0,
-                    self.reserve(root.nbytes), fbs.STATIC))
+                    self.scratch(("physical", v.base), root.nbytes), fbs.STATIC))
+            self.block_keys[-1].add(("physical", v.base))
             dims = self.int_list(root.dim_order)
             op = self.operator(*_PERMUTE)
             found.append(("KernelCall", op, (v.base, dims, source, source)))
@@ -506,6 +544,7 @@ class _MethodEncoder:
     def instructions(self) -> list[tuple]:
         blocks: list[list[tuple]] = []
         for pc, ins in enumerate(self.m.instructions):
+            self.block_keys.append(set())
             block = [c for i in dict.fromkeys(self.reads(ins)) if i in self.runtime_views
                      for c in self.materialize(i)]
             match ins:
@@ -520,6 +559,7 @@ class _MethodEncoder:
                 case schema.DelegateCall():
                     raise self.fail(f"instruction {pc}", "a delegate call")
             blocks.append(block)
+        self.block_keys.append(set())  # the outputs: copied last, alive together
         tail = [c for i in dict.fromkeys(self.m.outputs) if i in self.runtime_views
                 for c in self.materialize(i)]
         tail += self.copy_input_outputs()
@@ -543,6 +583,7 @@ class _MethodEncoder:
             if isinstance(v, (schema.Int, schema.Bool)) and i not in fixed:
                 self.read_only.setdefault(self.values[-1], i)
         instructions = self.instructions()
+        self.place_scratch()
         return _Method(
             # a str input is fixed at export (the method runs with that value only) and
             # ExecuTorch's runtime takes no str input: the .pte keeps it as a value, not an input

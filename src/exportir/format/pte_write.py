@@ -384,6 +384,10 @@ class _MethodEncoder:
         for keys in self.block_keys:
             for k in keys:
                 together[k] |= keys
+        for k in [k for k, others in together.items() if not others]:
+            together[k] = set(self.scratch_sizes)  # never copied: apart from every copy
+            for others in together.values():
+                others.add(k)
         placed: dict[Any, int] = {}
         end = 0
         for key, nbytes in self.scratch_sizes.items():

@@ -2,7 +2,9 @@
 
 ``EXPORTIR_FX_IMPL`` names the module the parity tests treat as "ours" (default
 ``exportir.fx``). Setting it to ``torch.fx`` runs the harness against the oracle itself,
-which is how the harness is sanity-checked: every parity test must pass in that mode.
+which is how the harness is sanity-checked: every test under tests/fx must pass in that mode
+(``make test-fx-sanity``, part of CI's ``make check``). Passes are taken from the same
+implementation (:func:`import_ours_pass`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ def import_ours_fx():
     return importlib.import_module(ours_fx_name())
 
 
+def import_ours_pass(name: str):
+    """``<fx implementation under test>.passes.<name>``: exportir.fx's pass, or torch.fx's own in
+    the sanity mode, so a pass's parity test compares torch with itself there."""
+    return importlib.import_module(f"{ours_fx_name()}.passes.{name}")
+
+
 @pytest.fixture(scope="session")
 def ours_fx():
     return import_ours_fx()
@@ -54,3 +62,48 @@ def torch_code_as_ours(text: str) -> str:
     if ours_fx_name() == "torch.fx":
         return text
     return text.replace(TORCH_WRAP_CALL, OUR_WRAP_CALL)
+
+
+# -- one scratch directory per test run ---------------------------------------------------------
+# Everything a test run writes through tempfile (programs, fuzz cases, browser profiles, pytest's
+# tmp_path, files of the subprocesses it starts) goes under one directory, made by the controlling
+# process before any worker starts (workers and subprocesses inherit TMPDIR) and removed when the
+# run ends. Leaked scratch files once filled the shared CI disk; what a run leaves behind is now
+# listed at its end and removed, except fuzz findings, which are kept for their rerun commands.
+_SCRATCH_ENV = "EXPORTIR_TEST_SCRATCH"
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput") or os.environ.get(_SCRATCH_ENV):
+        return  # an xdist worker, or a pytest started by a test: the outer run owns the scratch
+    import tempfile
+
+    outer = tempfile.gettempdir()
+    root = tempfile.mkdtemp(prefix="exportir-tests-", dir=outer)
+    os.environ["TMPDIR"] = root
+    os.environ[_SCRATCH_ENV] = root
+    tempfile.tempdir = root
+    config._exportir_scratch = (root, outer)
+
+
+def pytest_unconfigure(config):
+    scratch = getattr(config, "_exportir_scratch", None)
+    if scratch is None:
+        return
+    import shutil
+    import tempfile
+
+    root, outer = scratch
+    tempfile.tempdir = None
+    os.environ["TMPDIR"] = outer
+    os.environ.pop(_SCRATCH_ENV, None)
+    # pytest's own tmp_path roots and torch's compile cache are expected here
+    left = sorted(p for p in os.listdir(root) if not p.startswith(("pytest-of-", "torchinductor_")))
+    for name in left:
+        if name.startswith("exportir-fuzz-"):
+            kept = shutil.move(os.path.join(root, name), outer)
+            print(f"\nfuzz findings kept in {kept}")
+    shutil.rmtree(root, ignore_errors=True)
+    leaked = [n for n in left if not n.startswith("exportir-fuzz-")]
+    if leaked:
+        print(f"\ntests left {len(leaked)} scratch entries behind (removed): {', '.join(leaked[:20])}")

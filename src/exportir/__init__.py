@@ -38,7 +38,7 @@ _LAZY: dict[str, str] = {
     "EdgeCompileConfig": "exportir.dialects.edge.config",
 }
 
-__all__ = ["__version__", *_LAZY]
+__all__ = ["__version__", *_LAZY]  # noqa: PLE0604 (the keys of _LAZY are str; ruff cannot see it)
 
 
 # tool subpackages reachable as attributes (``exportir.debug.compare``), imported on first use

@@ -10,7 +10,7 @@ to try on them.
 
 import torch
 
-import exportir.fx as fx
+from exportir import fx
 
 
 class DemoBlock(torch.nn.Module):

@@ -43,3 +43,23 @@ def test_out_variants_return_their_out_arguments():
     assert PTE_KERNELS["aten::max.dim_max"] == (5, (3, 4))
     assert PTE_KERNELS["executorch_prim::add.Scalar"] == (2, (-1,))
 
+
+
+def test_operators_read_beyond_the_portable_set_are_exportir_kernels():
+    """The reader's few operators ExecuTorch writes but its portable runtime lacks: not
+    registered there, laid out as torch's schema says, and in exportir's kernel table."""
+    from executorch.extension.pybindings import portable_lib
+
+    from exportir.format.pte_read import _MORE_KERNELS
+    from exportir.runtime.kernel_table import KERNEL_TABLE
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import gen_pte_kernels as gen
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    registered = set(portable_lib._get_operator_names())
+    for name, layout in _MORE_KERNELS.items():
+        assert name not in registered, f"{name} is a portable kernel now: drop it from the list"
+        assert gen._layout(gen._overload(name)) == layout, name
+        assert name in KERNEL_TABLE, name

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -94,6 +95,14 @@ class _Unbacked(nn.Module):
         return torch.nonzero(x > 0).float().sum() + torch.zeros(n).sum() + x.sum()
 
 
+class _Derived(nn.Module):
+    """A derived size (``d + 1``): its range is a ``range_constraints`` key torch writes as
+    ``s0 + 1``."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x[1:] * y
+
+
 def _models() -> dict[str, tuple[nn.Module, tuple, dict | None]]:
     torch.manual_seed(0)
     return {
@@ -135,10 +144,12 @@ def xpt_seeds() -> dict[str, bytes]:
 
 def pte_seeds() -> dict[str, bytes]:
     """ExecuTorch .pte files exportir writes: each model of :func:`xpt_seeds` on the portable
-    road that the .pte format carries (a model it refuses is no seed)."""
+    road that the .pte format carries (a model it refuses is no seed); and ExecuTorch's own
+    (tests/format/data: views and buffer state it leaves to memory offsets)."""
     from exportir.format.pte_write import PteEncodeError
 
-    seeds = {}
+    data = Path(__file__).resolve().parents[1] / "format" / "data"
+    seeds = {p.stem: p.read_bytes() for p in sorted(data.glob("executorch_*.pte"))}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for name, (model, args, shapes) in _models().items():
@@ -186,4 +197,9 @@ def torch_pt2_seeds() -> dict[str, bytes]:
             buffer = io.BytesIO()
             texport.save(texport.export(model, args, dynamic_shapes=_torch_dims(shapes)), buffer)
             seeds[name] = buffer.getvalue()
+        d = texport.Dim("d", min=2, max=16)
+        buffer = io.BytesIO()
+        texport.save(texport.export(_Derived(), (torch.randn(5, 2), torch.randn(4, 2)),
+                                    dynamic_shapes={"x": {0: d + 1}, "y": {0: d}}), buffer)
+        seeds["derived"] = buffer.getvalue()
     return seeds

@@ -1,18 +1,23 @@
 """Structure-aware mutation of torch.export's .pt2 archives (``torch.export.save``).
 
 A file is taken apart into its members; a mutation edits ``models/model.json`` (node targets,
-argument kinds and values, tensor metadata, symbolic expressions, the signature, pytree specs),
-a payload config (dtype, sizes, strides, ``use_pickle``) or a raw weight's bytes, and the zip is
-written again. torch's archive has no checksums, so every edit reaches the loader's checks.
+argument kinds and values, tensor metadata, symbolic expressions, ``range_constraints`` keys,
+the signature, pytree specs), a payload config (dtype, sizes, strides, ``use_pickle``), a raw
+weight's bytes, or the pickled example inputs (``data/sample_inputs/<name>.pt``, a torch.save
+zip: its ``data.pkl`` opcodes and arguments, injected ``GLOBAL os system`` / ``builtins eval``
+calls that would touch a canary file, or its storages' bytes), and the zip is written again.
+torch's archive has no checksums, so every edit reaches the loader's checks.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import pickletools
 import random
 import zipfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from xpt_files import get, interesting_int, paths, put
@@ -103,8 +108,26 @@ def m_swap_names(tree: Any, rng: random.Random) -> str:
     return "swap tensor names"
 
 
+_KEYS = ("s0 + 1", "2*s0", "__import__('os').system('true')", "(" * 200 + "s0" + ")" * 200,
+         "s0/0", "Max(s0, " + "9" * 60 + ")", "s99 + 1", "s0**100000", "FloorDiv(s0, 0)", "")
+
+
+def m_range_key(tree: Any, rng: random.Random) -> str:
+    ranges = tree.get("range_constraints")
+    if not isinstance(ranges, dict):
+        raise KeyError("range_constraints")
+    key = rng.choice(_KEYS)
+    value = rng.choice([{"min_val": 0, "max_val": 10}, {"min_val": None, "max_val": 2**70},
+                        {"min_val": 5, "max_val": 1}, "x"])
+    if ranges and rng.random() < 0.5:
+        ranges.pop(rng.choice(sorted(ranges)))
+    ranges[key] = value
+    return f"range key -> {key[:40]}"
+
+
 MODEL_MUTATIONS: list[tuple[Callable[[Any, random.Random], str], int]] = [
     (m_value, 4), (m_drop, 2), (m_target, 2), (m_expr, 2), (m_int, 3), (m_swap_names, 1),
+    (m_range_key, 1),
 ]
 
 
@@ -128,8 +151,67 @@ def m_weight_bytes(members: Members, rng: random.Random) -> str:
     return f"{name}: {len(data)} -> {len(members[name])} bytes"
 
 
-def mutate(seed: bytes, rng: random.Random) -> tuple[bytes, str]:
-    """One mutant of the archive ``seed`` and what was done to it."""
+def _opcodes(pkl: bytes) -> list[tuple[str, Any, int]]:
+    return [(op.name, arg, pos) for op, arg, pos in pickletools.genops(pkl)]
+
+
+def _pickle_text(s: str) -> bytes:
+    return b"X" + len(s.encode()).to_bytes(4, "little") + s.encode()
+
+
+def _injection(canary: Path, rng: random.Random) -> bytes:
+    """A call that would create ``canary`` if anything ran it."""
+    module, name, code = rng.choice([
+        ("os", "system", f"touch {canary}"), ("posix", "system", f"touch {canary}"),
+        ("builtins", "eval", f"open({str(canary)!r}, 'w')"),
+        ("builtins", "exec", f"open({str(canary)!r}, 'w')")])
+    return b"c" + f"{module}\n{name}\n".encode() + _pickle_text(code) + b"\x85R"
+
+
+def m_pickle(pkl: bytes, rng: random.Random, canary: Path) -> tuple[bytes, str]:
+    """data.pkl edited at an opcode boundary: a call injected, an opcode dropped or
+    duplicated, an integer argument replaced, a byte flipped, or the stream cut."""
+    ops = _opcodes(pkl)
+    name, arg, pos = rng.choice(ops[1:-1])
+    end = next((p for _, _, p in ops if p > pos), len(pkl))
+    roll = rng.random()
+    if roll < 0.25:
+        return pkl[:pos] + _injection(canary, rng) + pkl[pos:], f"data.pkl: call injected at {pos}"
+    if roll < 0.4:
+        return pkl[:pos] + pkl[end:], f"data.pkl: {name} at {pos} dropped"
+    if roll < 0.5:
+        return pkl[:end] + pkl[pos:], f"data.pkl: {name} at {pos} doubled"
+    if roll < 0.75 and type(arg) is int:
+        new = interesting_int(rng, arg, 16) % (1 << 31)
+        return (pkl[:pos] + b"J" + new.to_bytes(4, "little") + pkl[end:],
+                f"data.pkl: {name} {arg} -> {new}")
+    if roll < 0.9:
+        i = rng.randrange(len(pkl))
+        return pkl[:i] + bytes([rng.randrange(256)]) + pkl[i + 1:], f"data.pkl: byte {i}"
+    cut = rng.randrange(len(pkl))
+    return pkl[:cut], f"data.pkl: cut at {cut}"
+
+
+def m_samples(members: Members, rng: random.Random, canary: Path) -> str:
+    name = next(n for n in members if "/data/sample_inputs/" in n)
+    inner = disassemble(members[name])
+    pkl_name = next(n for n in inner if n.endswith("/data.pkl"))
+    storages = [n for n in inner if "/data/" in n and not n.endswith(".pkl")]
+    if storages and rng.random() < 0.25:
+        key = rng.choice(storages)
+        data = inner[key]
+        inner[key] = data[: rng.randrange(len(data) + 1)] if rng.random() < 0.7 else data * 2
+        done = f"{key}: {len(data)} -> {len(inner[key])} bytes"
+    else:
+        inner[pkl_name], done = m_pickle(inner[pkl_name], rng, canary)
+    members[name] = assemble(inner)
+    return f"sample inputs: {done}"
+
+
+def mutate(seed: bytes, rng: random.Random, canary: Path | None = None) -> tuple[bytes, str]:
+    """One mutant of the archive ``seed`` and what was done to it (``canary``: the file an
+    injected call in the example inputs would create)."""
+    canary = canary or Path("exportir-fuzz-canary")
     members = disassemble(seed)
     model_name = _json_member(members, "/models/model.json")
     model = json.loads(members[model_name])
@@ -142,6 +224,8 @@ def mutate(seed: bytes, rng: random.Random) -> tuple[bytes, str]:
                 done.append(m_config(members, rng))
             elif roll < 0.15:
                 done.append(m_weight_bytes(members, rng))
+            elif roll < 0.35:
+                done.append(m_samples(members, rng, canary))
             else:
                 done.append(rng.choices(functions, weights)[0](model, rng))
         except (IndexError, KeyError, TypeError, ValueError, AttributeError, StopIteration) as e:

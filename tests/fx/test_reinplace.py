@@ -13,13 +13,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.fx
-from conftest import import_ours_fx
+from conftest import import_ours_fx, import_ours_pass
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.reinplace import reinplace as torch_reinplace
 
-from exportir.fx.passes.reinplace import _maybe_get_inplace_op, reinplace
-
 ours_fx = import_ours_fx()
+_ours_pass = import_ours_pass("reinplace")
+reinplace = _ours_pass.reinplace
+_maybe_get_inplace_op = _ours_pass._maybe_get_inplace_op
 aten = torch.ops.aten
 
 

@@ -16,13 +16,13 @@ import operator
 import pytest
 import torch
 import torch.fx
-from conftest import import_ours_fx, torch_code_as_ours
+from conftest import import_ours_fx, import_ours_pass, torch_code_as_ours
 from corpus.fx_models import ENTRIES, build
 from torch.fx.passes.split_module import split_module as torch_split_module
 
-from exportir.fx.passes.split_module import Partition, split_module
-
 ours_fx = import_ours_fx()
+Partition = import_ours_pass("split_module").Partition
+split_module = import_ours_pass("split_module").split_module
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from corpus.debug_models import Net, source_line
 
 import exportir
 import exportir.debug
@@ -20,30 +21,7 @@ from exportir.runtime import default_kernel_registry
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
-class Block(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = torch.nn.Linear(4, 8)
-        self.ln = torch.nn.LayerNorm(8)
-
-    def forward(self, x):
-        return torch.relu(self.ln(self.lin(x)))  # BLOCK_LINE
-
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.block = Block()
-        self.head = torch.nn.Linear(8, 3)
-
-    def forward(self, x):
-        h = self.block(x)
-        return self.head(h) * 2  # NET_LINE
-
-
-def _line(marker: str) -> str:
-    text = Path(__file__).read_text().splitlines()
-    return f"test_debug_compare.py:{next(i for i, t in enumerate(text, 1) if t.endswith(marker))}"
+_line = source_line
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +76,7 @@ def test_a_perturbed_kernel_is_named_with_its_node_and_source_line(setup):
     assert not report.ok and not report.outputs[0].within
     module = report.first_module_drift  # against the eager model's own submodule outputs
     assert (module.module, module.module_type, module.node) == (
-        "block", f"{__name__}.Block", "relu")
+        "block", "corpus.debug_models.Block", "relu")
     text = str(report)
     assert "first drift: node 'relu' (aten::relu.out, instruction 2) in module block" in text
     assert _line("# BLOCK_LINE") in text and "DRIFT" in text

@@ -145,7 +145,8 @@ CASES = {
     "view of runtime storage": (_with(_value(16, _view(15, 0, (1,)))),
                                 "methods[0].values[16].storage.base",
                                 "value 15 has DynamicStorage storage"),
-    "view of state": (_with(_value(15, _view(14, 0, (1,)))), f"{V}.base", "not method state"),
+    "dynamic view": (_with(_value(15, Tensor(F32, (3,), (0,), ViewOf(1, 0, (1,)), dynamic=True))),
+                     f"{V}.base", "must be static"),
     "view dtype": (_with(_value(15, _view(1, 0, (1,), dtype=ScalarType.LONG))), V,
                    "view dtype LONG differs from its base's FLOAT"),
     "view reach": (_with(_value(15, _view(1, 4, (1,)))), V,
@@ -184,6 +185,14 @@ def test_corrupt_structures_fail_when_loaded_from_bytes(name):
 
 def test_sample_is_valid():
     validate.validate_program(sample_program())
+
+
+def test_a_view_of_state_is_valid():
+    """A view of a state tensor reads the state as it is when read (ExecuTorch plans views of
+    mutated buffers on the buffer's bytes: docs/format/pte.md)."""
+    assert sample_program().methods[0].values[14].initial is not None
+    values = sample_program().methods[0].values
+    validate.validate_program(_with({"values": (*values, _view(14, 0, (1,)))}))
 
 
 def test_unused_null_and_int_values_are_fine():

@@ -29,6 +29,7 @@ ALLOWED = {
     "exportir.format.pte_read",  # ExecuTorch's .pte files (stdlib-only, like the rest)
     "exportir.format._pte_fbs",
     "exportir.format.pte_kernels",
+    "exportir.format.pte_memory",
 }
 
 PROBE = textwrap.dedent(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from corpus.debug_models import Net, source_line
 
 import exportir
 from exportir.backends.fused_cpu import FusedCpuPartitioner
@@ -21,29 +22,7 @@ from exportir.runtime.instrument import Session, instrumented_state
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
-class Block(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = torch.nn.Linear(4, 8)
-        self.ln = torch.nn.LayerNorm(8)
-
-    def forward(self, x):
-        return torch.relu(self.ln(self.lin(x)))  # BLOCK_LINE
-
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.block = Block()
-        self.head = torch.nn.Linear(8, 3)
-
-    def forward(self, x):
-        return self.head(self.block(x)) * 2  # NET_LINE
-
-
-def _line(marker: str) -> str:
-    text = Path(__file__).read_text().splitlines()
-    return f"test_profile.py:{next(i for i, t in enumerate(text, 1) if t.endswith(marker))}"
+_line = source_line
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,9 @@ before it is followed (flatbuffers' own accessors check nothing), and every refu
 :class:`~exportir.format.validate.ProgramLoadError` naming the field
 (``execution_plan[0].values[3].val.sizes``). Operator names only select entries of
 :data:`~exportir.format.pte_kernels.PTE_KERNELS` (and then the runtime's kernel table, which
-types every call at load); the result then goes through :func:`validate.validate_program` like
-any exportir file. Standard library only.
+types every call at load). The views and the mutated-buffer state ExecuTorch leaves to memory
+offsets become ``ViewOf`` values and zero-initialised state (:mod:`pte_memory`); the result then
+goes through :func:`validate.validate_program` like any exportir file. Standard library only.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import struct
 from typing import Any
 
 from exportir.format import _pte_fbs as fbs
-from exportir.format import schema
+from exportir.format import pte_memory, schema
 from exportir.format.pte_kernels import PTE_KERNELS
 from exportir.format.validate import DEFAULT_LIMITS, LoadLimits, ProgramLoadError
 
@@ -34,6 +35,24 @@ _RENAMED: dict[str, tuple[schema.Operator, int, tuple[int, ...]]] = {
 }
 _COPY = "aten::copy_"
 _VIEW = "executorch_prim::et_view.default"
+
+# Operators ExecuTorch's compiler writes that its portable runtime does not register, and that
+# exportir's runtime runs (its kernel table types every call at load): the layout of
+# PTE_KERNELS, written from the operator's schema
+_MORE_KERNELS: dict[str, tuple[int, tuple[int, ...]]] = {
+    # sort.values(self, dim, descending, *, values, indices) -> (values, indices)
+    "aten::sort.values": (5, (3, 4)),
+}
+_KERNELS = {**PTE_KERNELS, **_MORE_KERNELS}
+
+# Operators that return nothing and write an argument (its position): the out list of the
+# split / unbind copies, the destination of et_copy_index
+_WRITES_WITHOUT_RETURN = {
+    "aten::split_copy.Tensor_out": 3,
+    "aten::split_with_sizes_copy.out": 3,
+    "aten::unbind_copy.int_out": 2,
+    "executorch_prim::et_copy_index.tensor": 0,
+}
 
 
 def is_pte(data: Any) -> bool:
@@ -181,6 +200,7 @@ class _Reader:
         self.constant_segment = self._subsegment(seg) if seg else (0, ())
         self.mutable = [self._subsegment(t) for t in self.root.tables(
             fbs.Program.mutable_data_segments, "mutable_data_segments")]
+        self.zeros = pte_memory.ZeroBuffers(self.constants)
 
     @staticmethod
     def _subsegment(t: _Table) -> tuple[int, tuple[int, ...]]:
@@ -204,6 +224,7 @@ class _Reader:
         if not plans:
             raise _fail("has no method", "program.execution_plan")
         methods = tuple(_PlanReader(self, p).method() for p in plans)
+        self.zeros.finish()
         looping = any(isinstance(ins, schema.JumpFalseCall) and ins.dest <= pc
                       for m in methods for pc, ins in enumerate(m.instructions))
         return schema.Program(
@@ -227,6 +248,7 @@ class _PlanReader:
         if any(s < 0 for s in self.arenas):
             raise _fail("an arena size is negative", f"{self.path}.non_const_buffer_sizes")
         self.values: list[schema.EValue] = []
+        self.input_memory: dict[int, schema.Allocation] = {}  # planned input -> its arena bytes
 
     # -- values ------------------------------------------------------------------------------
 
@@ -265,6 +287,8 @@ class _PlanReader:
         initial = None
         if k in self.input_set:
             storage: schema.Storage = schema.InputStorage()
+            if alloc is not None and not dynamism:
+                self.input_memory[k] = self.allocation(alloc, probe.nbytes)
         elif alloc is not None:
             storage = self.allocation(alloc, probe.nbytes)
             if data:
@@ -328,19 +352,20 @@ class _PlanReader:
         for op in self.t.tables(fbs.ExecutionPlan.operators, "operators"):
             name, overload = op.string(0, "name"), op.string(1, "overload")
             qualified = f"{name}.{overload}" if overload else name
-            if qualified not in PTE_KERNELS:
+            if qualified not in _KERNELS:
                 raise _fail(f"operator {qualified!r} is not one of ExecuTorch's portable "
                             "kernels", f"{op.path}.name")
             names.append(qualified)
         return names
 
-    def kernel(self, pc: int, call: _Table, names: list[str],
-               ops: dict[schema.Operator, int]) -> schema.Instruction | None:
+    def kernel(self, pc: int, call: _Table, names: list[str], ops: dict[schema.Operator, int]
+               ) -> tuple[schema.Instruction, tuple[int, ...]] | None:
+        """The call as an exportir instruction, and the values it writes (None: an et_view)."""
         field = call.path
         name = names[_index(call.scalar(0, "<i", "op_index"), len(names), f"{field}.op_index",
                             "operator")]
         args = list(call.scalars(1, "args", "i"))
-        n_args, returns = PTE_KERNELS[name]
+        n_args, returns = _KERNELS[name]
         fresh = sum(1 for r in returns if r < 0)
         aliased = len(returns) - fresh
         want = n_args + fresh + (1 if aliased else 0)
@@ -353,8 +378,12 @@ class _PlanReader:
             _index(a, len(self.values), f"{field}.args", "value")
         if aliased:
             args.pop()  # the return slot: the out argument(s) again
+        writes = tuple(args[p] for p in (*(r for r in returns if r >= 0),
+                                          *range(n_args, len(args))))
+        if name in _WRITES_WITHOUT_RETURN:
+            writes = (args[_WRITES_WITHOUT_RETURN[name]],)
         if name == _COPY:
-            return schema.MoveCall(args[1], args[0], pc)
+            return schema.MoveCall(args[1], args[0], pc), (args[0],)
         if name == _VIEW:
             self.view(args, field)
             return None
@@ -371,49 +400,19 @@ class _PlanReader:
             base, _, overload = rest.partition(".")
             op = schema.Operator(f"{_NAMESPACES.get(ns, ns)}::{base}", overload)
         index = ops.setdefault(op, len(ops))
-        return schema.KernelCall(index, tuple(args), pc)
+        return schema.KernelCall(index, tuple(args), pc), writes
 
-    def alias_unwritten(self, kept: list[schema.Instruction],
-                        ops: dict[schema.Operator, int]) -> None:
-        """ExecuTorch drops a view copy by planning its result on its source's memory: a
-        planned tensor no instruction writes that shares its bytes with one that is written
-        becomes a view of the latter (the one written last before the alias is first read)."""
-        written = _written(self.values, kept, ops)
-        by_arena: dict[int, list[int]] = {}
-        for k, v in enumerate(self.values):
-            if isinstance(v, schema.Tensor) and isinstance(v.storage, schema.Allocation) and (
-                k in written
-            ):
-                by_arena.setdefault(v.storage.arena, []).append(k)
-        for k, v in enumerate(self.values):
-            if not (isinstance(v, schema.Tensor) and isinstance(v.storage, schema.Allocation)) or (
-                k in written or v.initial is not None or v.dynamic
-            ):
-                continue
-            first_read = next((pc for pc, ins in enumerate(kept) if k in _mentions(ins)),
-                              len(kept))
-            best = None
-            start = v.storage.offset
-            for other in by_arena.get(v.storage.arena, ()):
-                o = self.values[other]
-                lo = o.storage.offset
-                before = [pc for pc in written[other] if pc < first_read]
-                if before and o.dtype == v.dtype and not o.dynamic and o.dim_order == tuple(
-                    range(len(o.sizes))
-                ) and lo <= start and start + v.nbytes <= lo + o.nbytes and (
-                    start - lo) % schema.ELEMENT_SIZE[v.dtype] == 0 and (
-                    best is None or max(before) > best[0]
-                ):
-                    best = (max(before), other, (start - lo) // schema.ELEMENT_SIZE[v.dtype])
-            if best is not None:
-                strides = schema.dense_strides(v.sizes, tuple(range(len(v.sizes))))
-                self.values[k] = schema.Tensor(v.dtype, v.sizes, tuple(range(len(v.sizes))),
-                                               schema.ViewOf(best[1], best[2], strides))
+    def access(self, ins: schema.Instruction, writes: tuple[int, ...]) -> pte_memory.Access:
+        for i in writes:
+            _index(i, len(self.values), f"{self.path}.chains[0].instructions[{ins.debug}]",
+                   "value")
+        return pte_memory.access(self.values, [
+            i for i in _mentions(ins) if 0 <= i < len(self.values)], writes)
 
     def drop_unused(self, kept: list[schema.Instruction]) -> None:
-        """A tensor without memory that nothing reads or writes (a constant whose views were
-        laid out on their own) is no value to run: it becomes a Null rather than memory the
-        runtime would reserve."""
+        """A tensor that nothing reads or writes (a constant whose views were laid out on their
+        own, a planned view source no instruction names) is no value to run: it becomes a Null
+        rather than memory the runtime would reserve (and the plan would check)."""
         used = set(self.inputs) | set(self.outputs)
         for ins in kept:
             used.update(_mentions(ins))
@@ -424,7 +423,7 @@ class _PlanReader:
                 used.add(v.storage.base)
         for k, v in enumerate(self.values):
             if k not in used and isinstance(v, schema.Tensor) and isinstance(
-                v.storage, schema.DynamicStorage
+                v.storage, (schema.DynamicStorage, schema.Allocation)
             ):
                 self.values[k] = schema.Null()
 
@@ -458,8 +457,9 @@ class _PlanReader:
         self.values[out] = schema.Tensor(o.dtype, o.sizes, tuple(range(len(o.sizes))),
                                          schema.ViewOf(base, offset, strides))
 
-    def instruction(self, pc: int, ins: _Table, names: list[str],
-                    ops: dict[schema.Operator, int]) -> schema.Instruction | None:
+    def instruction(self, pc: int, ins: _Table, names: list[str], ops: dict[schema.Operator, int]
+                    ) -> tuple[schema.Instruction, tuple[int, ...]] | None:
+        """The instruction and the values it writes (None: nothing to run)."""
         tag = ins.scalar(fbs.Instruction.instr_args_type, "<B", "instr_args_type")
         kind = fbs.INSTRUCTION_TYPES.get(tag)
         if kind is None:
@@ -469,13 +469,14 @@ class _PlanReader:
             case "KernelCall":
                 return self.kernel(pc, call, names, ops)
             case "MoveCall":
-                return schema.MoveCall(call.scalar(0, "<i", "move_from"),
-                                       call.scalar(1, "<i", "move_to"), pc)
+                dst = call.scalar(1, "<i", "move_to")
+                return schema.MoveCall(call.scalar(0, "<i", "move_from"), dst, pc), (dst,)
             case "JumpFalseCall":
                 return schema.JumpFalseCall(call.scalar(0, "<i", "cond_value_index"),
-                                            call.scalar(1, "<i", "destination_instruction"), pc)
+                                            call.scalar(1, "<i", "destination_instruction"),
+                                            pc), ()
             case "FreeCall":
-                return schema.FreeCall(call.scalar(0, "<i", "value_index"), pc)
+                return schema.FreeCall(call.scalar(0, "<i", "value_index"), pc), ()
         delegates = self.t.tables(fbs.ExecutionPlan.delegates, "delegates")
         index = call.scalar(0, "<i", "delegate_index")
         backend = (delegates[index].string(fbs.BackendDelegate.id, "id")
@@ -494,15 +495,18 @@ class _PlanReader:
         names = self.operators()
         ops: dict[schema.Operator, int] = {}
         kept: list[schema.Instruction] = []
+        accesses: list[pte_memory.Access] = []
         starts = []
         raw = chains[0].tables(fbs.Chain.instructions, "instructions")
         for pc, ins in enumerate(raw):
             starts.append(len(kept))
             found = self.instruction(pc, ins, names, ops)
             if found is not None:
-                kept.append(found)
+                kept.append(found[0])
+                accesses.append(self.access(found[0], found[1]))
         starts.append(len(kept))
-        self.alias_unwritten(kept, ops)
+        pte_memory.resolve(self.values, accesses, self.input_memory, self.outputs, self.path,
+                           self.r.zeros)
         self.drop_unused(kept)
         instructions, debug = [], []
         for ins in kept:
@@ -526,34 +530,6 @@ class _PlanReader:
             in_spec=meta.string(0, "encoded_inp_str") if meta else "",
             out_spec=meta.string(1, "encoded_out_str") if meta else "",
         )
-
-
-def _written(m_values: list[schema.EValue], kept: list[schema.Instruction],
-             ops: dict[schema.Operator, int]) -> dict[int, list[int]]:
-    """value -> the instruction indices writing it (kernel outs and results, move targets)."""
-    names = {index: op for op, index in ops.items()}
-    found: dict[int, list[int]] = {}
-    for pc, ins in enumerate(kept):
-        targets: list[int] = []
-        if isinstance(ins, schema.MoveCall):
-            targets = [ins.dst]
-        elif isinstance(ins, schema.KernelCall):
-            op = names[ins.op_index]
-            ns, _, base = op.name.partition("::")
-            et = f"{next((k for k, v in _NAMESPACES.items() if v == ns), ns)}::{base}"
-            et = f"{et}.{op.overload}" if op.overload else et
-            layout = PTE_KERNELS.get(et)
-            if layout is None:  # a renamed dim-order op: its out is the last argument
-                targets = [ins.args[-1]]
-            else:
-                n_args, returns = layout
-                targets = [ins.args[r] for r in returns if r >= 0] + list(ins.args[n_args:])
-        for t in targets:
-            v = m_values[t]
-            items = v.items if isinstance(v, schema.TensorList) else (t,)
-            for item in items:
-                found.setdefault(item, []).append(pc)
-    return found
 
 
 def _mentions(ins: schema.Instruction) -> tuple[int, ...]:

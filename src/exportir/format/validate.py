@@ -218,8 +218,9 @@ class _MethodChecker:
 
     def view(self, t: schema.Tensor, st: schema.ViewOf, field: str) -> None:
         """A view reads only its base's memory: the base is a static tensor that is not itself
-        a view, never written after it is produced (no state, no runtime-allocated storage),
-        an input only when contiguous; every element the view reaches lies inside the base."""
+        a view and has memory of its own (constant, planned, state, or an input when
+        contiguous: no runtime-allocated storage); every element the view reaches lies inside
+        the base. A view of state reads the state as it is when the view is read."""
         field = f"{field}.storage"
         b = _index(st.base, self.n, f"{field}.base", "value")
         base = self.m.values[b]
@@ -229,9 +230,8 @@ class _MethodChecker:
         if not isinstance(base.storage, _VIEW_BASE_STORAGE):
             raise _fail(f"the base of a view must be a constant, planned or input tensor; value "
                         f"{b} has {type(base.storage).__name__} storage", f"{field}.base")
-        if base.initial is not None or base.dynamic or t.dynamic:
-            raise _fail(f"a view of value {b} must be static and its base not method state",
-                        f"{field}.base")
+        if base.dynamic or t.dynamic:
+            raise _fail(f"a view of value {b} and its base must be static", f"{field}.base")
         if isinstance(base.storage, schema.InputStorage) and base.dim_order != tuple(
             range(len(base.sizes))
         ):

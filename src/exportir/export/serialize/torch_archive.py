@@ -12,14 +12,17 @@ A .pt2 is a zip whose members all sit under one root folder::
     <root>/extra/<file>
 
 Reading never unpickles: a tensor stored pickled (``use_pickle``, custom objects, the legacy
-``<name>.pt`` weights) is refused with a :class:`SerializationError` naming the member; the
-pickled sample inputs are skipped with a warning (``example_inputs`` is ``None``). Sizes are
+``<name>.pt`` weights) is refused with a :class:`SerializationError` naming the member. The
+sample inputs (a torch.save zip) are read by torch_pickle.py, which walks their pickle stream
+without running it and accepts only plain tensors, numbers, strings and containers; anything
+else is skipped with a warning (``example_inputs`` is ``None``). Sizes are
 checked against the bytes present before any tensor is built; zip members go through the same
 checks and :class:`ArchiveLimits` as our own format.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import secrets
@@ -39,6 +42,7 @@ from exportir.export.serialize.archive import (
 )
 from exportir.export.serialize.common import (
     LIMITS,
+    SerializationError,
     as_bool,
     as_dict,
     as_int,
@@ -50,6 +54,7 @@ from exportir.export.serialize.common import (
 )
 from exportir.export.serialize.torch_decode import decode_torch_program, dtype_of
 from exportir.export.serialize.torch_encode import encode_torch_program, tensor_meta
+from exportir.export.serialize.torch_pickle import pickle_inputs, read_pickled_inputs
 
 __all__ = ["is_torch_archive", "load_torch_archive", "save_torch_archive"]
 
@@ -97,11 +102,13 @@ class _Zip:
     def has(self, name: str) -> bool:
         return name in self.names
 
-    def read(self, name: str, *, json: bool = False) -> bytes:
+    def read(self, name: str, size: int | None = None, *, json: bool = False) -> bytes:
+        """Member ``name``; with ``size``, the zip entry must claim exactly that many bytes
+        (checked before anything is inflated)."""
         if name not in self.names:
             fail(name, "member missing from the .pt2 archive")
         info = self._zf.getinfo(f"{self.root}/{name}")
-        return read_member(self._zf, info, name, None, self.limits, json)
+        return read_member(self._zf, info, name, size, self.limits, json)
 
     def json(self, name: str) -> Any:
         return loads_json(self.read(name, json=True), name)
@@ -199,6 +206,36 @@ def _payloads(z: _Zip, folder: str, config_name: str, prefix: str, kind: str
     return out
 
 
+# --------------------------------------------------------------------------- example inputs
+
+
+def _skip_samples(member: str, why: str) -> None:
+    warnings.warn(f"{member}: the example inputs were skipped (ep.example_inputs is None): "
+                  f"{why}. exportir never unpickles a file; it reads only the plain tensors, "
+                  "numbers and containers torch.export.save writes", stacklevel=4)
+
+
+def _sample_inputs(z: _Zip, member: str) -> Any:
+    """``(args, kwargs)`` from torch.save's zip in ``member`` (torch_pickle.py walks its pickle
+    stream without unpickling), or None, with a warning, when it holds anything else."""
+    if not z.has(member):
+        return None
+    data = z.read(member)
+    if not data:  # torch writes an empty member for a program without example inputs
+        return None
+    try:
+        inner = _Zip(io.BytesIO(data), z.limits)
+        try:
+            if inner.has("byteorder") and inner.read("byteorder").strip() != b"little":
+                fail("byteorder", "only little-endian storages are read")
+            return read_pickled_inputs(inner.read("data.pkl"), inner, "data.pkl")
+        finally:
+            inner.close()
+    except SerializationError as e:
+        _skip_samples(member, str(e))
+    return None
+
+
 # --------------------------------------------------------------------------- load
 
 
@@ -240,14 +277,16 @@ def load_torch_archive(f: Any, *, extra_files: dict[str, Any] | None = None,
         constants = _payloads(z, "data/constants/",
                               f"data/constants/{name}_constants_config.json", "tensor_",
                               "constant")
-        samples = f"data/sample_inputs/{name}.pt"
-        if z.has(samples) and z.read(samples):
-            warnings.warn(f"{samples}: the example inputs are pickled (torch.save); exportir "
-                          "never unpickles, so they were skipped (ep.example_inputs is None)",
-                          stacklevel=3)
+        samples = _sample_inputs(z, f"data/sample_inputs/{name}.pt")
         model = z.json(f"models/{name}.json")
         _check_opset(model, expected_opset_version, f"models/{name}.json")
         ep = decode_torch_program(model, state, constants, f"models/{name}.json")
+        if samples is not None:
+            try:
+                ep.example_inputs = samples  # checked against the program's input structure
+            except ValueError as e:
+                _skip_samples(f"data/sample_inputs/{name}.pt", f"they do not fit the program's "
+                                                               f"inputs ({str(e)[:200]})")
         for key in list(extra_files or {}):
             member = f"extra/{key}"
             if not z.has(member):
@@ -302,7 +341,8 @@ def save_torch_archive(ep: Any, f: Any, *, extra_files: dict[str, Any] | None = 
     members += [(f"data/constants/{k}", v) for k, v in consts.items()]
     members.append(("data/constants/model_constants_config.json", dumps_json(cconfig)))
     members.append(("models/model.json", dumps_json(model)))
-    members.append(("data/sample_inputs/model.pt", b""))  # torch reads empty as "none"
+    members.append(("data/sample_inputs/model.pt",  # empty (no inputs) reads as none
+                    pickle_inputs(ep.example_inputs, "data/sample_inputs/model.pt")))
     for key, content in (extra_files or {}).items():
         data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
         members.append((f"extra/{key}", data))

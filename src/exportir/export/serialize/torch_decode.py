@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import builtins
 import keyword
+import re
 from typing import Any
 
 import torch
@@ -41,7 +42,7 @@ from exportir.export.serialize.torch_encode import (
     MEMORY_FORMAT_CODES,
     SCHEMA_VERSION,
 )
-from exportir.export.serialize.torch_expr import parse_expr
+from exportir.export.serialize.torch_expr import parse_expr, parse_range_key
 from exportir.export.serialize.torch_training import to_aten_dialect
 from exportir.export.serialize.values import (
     _DTYPE_NAMES,
@@ -149,7 +150,8 @@ class _GraphDecoder:
         sizes = as_list(meta.get("sizes"), f"{where}/sizes")
         if len(sizes) > LIMITS.max_rank:
             fail(f"{where}/sizes", f"rank {len(sizes)} exceeds {LIMITS.max_rank}")
-        dtype = _DTYPES.get(meta.get("dtype"))
+        code = meta.get("dtype")
+        dtype = _DTYPES.get(code) if type(code) is int else None
         if dtype is None:
             fail(f"{where}/dtype", f"unknown scalar type code {meta.get('dtype')!r:.20}")
         if meta.get("layout", 7) != 7:
@@ -522,7 +524,7 @@ def _opt_tensor(d: _GraphDecoder, v: Any, w: str) -> dict[str, Any]:
 
 def _table(table: dict[int, str], kind: str) -> Any:
     def dec(d: _GraphDecoder, v: Any, w: str) -> dict[str, Any]:
-        found = table.get(v)
+        found = table.get(v) if type(v) is int else None
         if found is None:
             fail(w, f"unknown {kind} code {v!r:.20}")
         return {kind: found}
@@ -654,13 +656,44 @@ def _call_graph(raw: Any, where: str) -> list[Any]:
     return out
 
 
-def _ranges(raw: Any, where: str) -> dict[str, list[str]]:
-    out = {}
+_SYMBOL_KEY = re.compile(r"(s|u|zuf)[0-9]{1,9}\Z")
+
+
+def _ranges(raw: Any, where: str) -> tuple[dict[str, list[str]], dict[str, tuple[Any, list[str]]]]:
+    """(ranges of plain symbols by name, {key: (JSON expression, range)} of derived sizes such
+    as ``s0 + 1``, whose keys are sympy ``str`` text: parsed, never evaluated)."""
+    plain, derived = {}, {}
     for name, item in as_dict(raw, where).items():
         spec = as_dict(item, f"{where}/{name}")
         lo, hi = spec.get("min_val"), spec.get("max_val")
-        out[name] = ["-oo" if lo is None else str(as_int(lo, f"{where}/{name}/min_val")),
-                     "oo" if hi is None else str(as_int(hi, f"{where}/{name}/max_val"))]
+        bounds = ["-oo" if lo is None else str(as_int(lo, f"{where}/{name}/min_val")),
+                  "oo" if hi is None else str(as_int(hi, f"{where}/{name}/max_val"))]
+        if _SYMBOL_KEY.match(name):
+            plain[name] = bounds
+        else:
+            derived[name] = (parse_range_key(name, f"{where}/{name}"), bounds)
+    return plain, derived
+
+
+def _names(expr: Any) -> set[str]:
+    if isinstance(expr, str):
+        return set() if expr in ("oo", "-oo") else {expr}
+    if isinstance(expr, list) and expr and expr[0] not in ("q", "f"):
+        return set().union(*(_names(a) for a in expr[1:]))
+    return set()
+
+
+def _range_constraints(order: list[str], ranges: dict[str, list[str]],
+                       derived: dict[str, list[Any]], where: str, symbols: Any) -> dict[Any, Any]:
+    """The range constraints, in the file's key order."""
+    plain = decode_range_constraints(ranges, where, symbols)
+    by_name = {str(k): (k, v) for k, v in plain.items()}
+    out: dict[Any, Any] = {}
+    for key in order:
+        if key in derived:
+            out.update(decode_range_constraints({}, f"{where}/{key}", symbols, [derived[key]]))
+        elif key in by_name:
+            out.setdefault(by_name[key][0], by_name[key][1])
     return out
 
 
@@ -703,8 +736,11 @@ def decode_torch_program(
                       if "constant" in s["arg"]}
     graph_json = _GraphDecoder(gm_raw.get("graph"), f"{where}/graph_module/graph",
                                symbols).module(constant_names)
-    ranges = _ranges(root.get("range_constraints", {}), f"{where}/range_constraints")
+    ranges, derived = _ranges(root.get("range_constraints", {}), f"{where}/range_constraints")
+    # as torch's reader: a range of a symbol the graph does not hold is dropped
     ranges = {k: v for k, v in ranges.items() if k in symbols.names}
+    derived = {k: [e, b] for k, (e, b) in derived.items()
+               if _names(e) and _names(e) <= symbols.names.keys()}
     shapes = decode_shape_env(_shape_env(symbols, ranges), f"{where}/range_constraints") \
         if symbols.names else None
     gm = decode_graph_module(graph_json, f"{where}/graph_module/graph", shapes)
@@ -712,7 +748,8 @@ def decode_torch_program(
     call_graph = decode_module_call_graph(
         _call_graph(gm_raw.get("module_call_graph", []), f"{where}/graph_module/module_call_graph"),
         f"{where}/graph_module/module_call_graph")
-    range_constraints = decode_range_constraints(ranges, f"{where}/range_constraints",
-                                                 shapes[1] if shapes else None)
+    range_constraints = _range_constraints(list(root.get("range_constraints", {})), ranges,
+                                           derived, f"{where}/range_constraints",
+                                           shapes[1] if shapes else None)
     return to_aten_dialect(gm, signature, state, range_constraints, call_graph, constants,
                            where, example_inputs)

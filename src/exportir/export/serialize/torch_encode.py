@@ -452,8 +452,11 @@ def _bound(value: Any) -> int | None:
 
 
 def _ranges(ranges: dict[Any, Any]) -> dict[str, Any]:
+    """Keyed by ``str(expr)``, as torch writes them: symbols (``s0``) and derived sizes
+    (``s0 + 1``, ``2*s0``), which torch's reader matches against the ``str`` of the
+    expressions in the graph."""
     return {str(sym): {"min_val": _bound(vr.lower), "max_val": _bound(vr.upper)}
-            for sym, vr in ranges.items() if getattr(sym, "is_Symbol", False)}
+            for sym, vr in ranges.items() if getattr(sym, "free_symbols", None)}
 
 
 def encode_torch_program(ep: Any, opset: dict[str, int], verifier: str = "ATEN",

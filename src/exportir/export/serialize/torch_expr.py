@@ -1,4 +1,5 @@
-"""Symbolic expressions in torch.export's .pt2 files: ``sympy.srepr`` text both ways.
+"""Symbolic expressions in torch.export's .pt2 files: ``sympy.srepr`` text both ways, and the
+``str`` text of ``range_constraints`` keys one way.
 
 torch stores every symbolic size as ``srepr`` text (``Mul(Integer(2), Symbol('s0', ...))``) and
 reads it back with ``sympy.sympify``, which evaluates Python. We never evaluate it: a small
@@ -16,7 +17,7 @@ from typing import Any
 
 from exportir.export.serialize.common import fail
 
-__all__ = ["parse_expr", "print_expr"]
+__all__ = ["parse_expr", "parse_range_key", "print_expr"]
 
 # srepr head -> our JSON head (serialize/symbolic.py _HEADS)
 _HEADS: dict[str, str] = {
@@ -148,3 +149,127 @@ def print_expr(expr: Any) -> str:
     if head == "f":
         return f"Float('{args[0]!r}', precision=53)"
     return f"{_NAMES[head]}({', '.join(print_expr(a) for a in args)})"
+
+
+# --------------------------------------------------------------------------- str() text
+
+# sympy's str() names of the calls a range key may hold -> our JSON head
+_CALLS: dict[str, str] = {"Max": "max", "Min": "min", "FloorDiv": "//", "Mod": "%",
+                          "PythonMod": "%"}
+_INFIX = re.compile(r"\s*(?:([A-Za-z_][A-Za-z0-9_]*)|([0-9]+)|(\*\*|//|[-+*/%(),]))")
+_MAX_KEY = 4096
+
+
+class _Infix:
+    """Recursive descent over sympy's ``str`` printing of an integer expression::
+
+        sum     := ['-'] product (('+' | '-') product)*
+        product := power (('*' | '/' | '//' | '%') power)*
+        power   := atom ['**' ['-'] atom]
+        atom    := INT | SYMBOL | CALL '(' sum (',' sum)* ')' | '(' sum ')'
+    """
+
+    __slots__ = ("pos", "text", "where")
+
+    def __init__(self, text: str, where: str) -> None:
+        self.text, self.where, self.pos = text, where, 0
+
+    def _fail(self, what: str) -> None:
+        fail(self.where, f"{what} at character {self.pos} of the range key {self.text[:120]!r}")
+
+    def peek(self) -> tuple[str, str] | None:
+        m = _INFIX.match(self.text, self.pos)
+        if m is None:
+            if self.text[self.pos:].strip():
+                self._fail("unexpected text")
+            return None
+        return ("name", "int", "op")[m.lastindex - 1], m.group(m.lastindex)
+
+    def take(self) -> tuple[str, str]:
+        m = _INFIX.match(self.text, self.pos)
+        if m is None:
+            self._fail("unexpected end or text")
+        self.pos = m.end()
+        return ("name", "int", "op")[m.lastindex - 1], m.group(m.lastindex)
+
+    def sum(self, depth: int) -> Any:
+        if depth > _MAX_DEPTH:
+            self._fail("expression nested too deeply")
+        terms = []
+        sign = 1
+        if self.peek() == ("op", "-"):
+            self.take()
+            sign = -1
+        while True:
+            term = self.product(depth)
+            terms.append(term if sign > 0 else ["*", -1, term])
+            nxt = self.peek()
+            if nxt not in (("op", "+"), ("op", "-")):
+                return terms[0] if len(terms) == 1 else ["+", *terms]
+            sign = 1 if self.take()[1] == "+" else -1
+
+    def product(self, depth: int) -> Any:
+        out = self.power(depth)
+        while self.peek() in (("op", "*"), ("op", "/"), ("op", "//"), ("op", "%")):
+            op = self.take()[1]
+            right = self.power(depth)
+            if op == "/":
+                if not isinstance(right, int) or right == 0:
+                    self._fail("'/' is read only with a nonzero integer divisor")
+                out = ["*", out, ["q", 1, right]]
+            else:
+                out = [op, out, right]
+        return out
+
+    def power(self, depth: int) -> Any:
+        base = self.atom(depth)
+        if self.peek() != ("op", "**"):
+            return base
+        self.take()
+        negative = self.peek() == ("op", "-")
+        if negative:
+            self.take()
+        exponent = self.atom(depth)
+        return ["**", base, ["*", -1, exponent] if negative else exponent]
+
+    def atom(self, depth: int) -> Any:
+        kind, text = self.take()
+        if kind == "int":
+            if len(text) > 40:
+                self._fail("integer too long")
+            return int(text)
+        if (kind, text) == ("op", "("):
+            inner = self.sum(depth + 1)
+            if self.take() != ("op", ")"):
+                self._fail("expected ')'")
+            return inner
+        if kind != "name":
+            self._fail(f"unexpected {text!r}")
+        if self.peek() != ("op", "("):
+            if text in _CONSTANTS:
+                return _CONSTANTS[text]
+            return text
+        head = _CALLS.get(text)
+        if head is None:
+            self._fail(f"{text!r:.40} is not a call a range key may hold ({sorted(_CALLS)})")
+        self.take()
+        args = [self.sum(depth + 1)]
+        while (sep := self.take()) == ("op", ","):
+            args.append(self.sum(depth + 1))
+        if sep != ("op", ")"):
+            self._fail("expected ',' or ')'")
+        return [head, *args]
+
+
+def parse_range_key(text: Any, where: str) -> Any:
+    """Our JSON expression for a ``range_constraints`` key (sympy ``str`` text, never
+    evaluated)."""
+    if not isinstance(text, str):
+        fail(where, f"expected expression text, got {type(text).__name__}")
+    if len(text) > _MAX_KEY:
+        fail(where, f"range key of {len(text)} characters exceeds {_MAX_KEY}")
+    p = _Infix(text, where)
+    out = p.sum(0)
+    if p.peek() is not None:
+        p._fail("trailing text after the expression")
+    return out

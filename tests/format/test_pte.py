@@ -14,6 +14,7 @@ import textwrap
 
 import pytest
 import torch
+from corpus.export_models import BY_NAME, build
 from pte_helpers import executorch_pte, our_pte, run_in_executorch, run_in_exportir
 
 from exportir.format import pte_read
@@ -51,6 +52,52 @@ def test_dynamic_batch_pte_runs_in_executorch_at_other_sizes():
     for n in (1, 7, 16):
         x = torch.randn(n, 4)
         torch.testing.assert_close(method.execute([x])[0], model(x))
+
+
+def _flatbuffer(data: bytes):
+    from executorch.exir._serialize._program import _flatbuffer_to_program, _get_extended_header
+
+    return _flatbuffer_to_program(data[:_get_extended_header(data).program_size])
+
+
+def _ops(plan) -> list[str]:
+    return [plan.operators[i.instr_args.op_index].name for i in plan.chains[0].instructions
+            if hasattr(i.instr_args, "op_index")]
+
+
+def test_method_state_shares_the_constant_segment():
+    """The initial values of method state are a subsegment of the one constant segment (no
+    second 128-byte aligned segment), loaded by both runtimes; equal vectors are written once
+    (ExecutionPlan and Chain share their input and output lists)."""
+    data = our_pte("buffer_inplace")
+    program = _flatbuffer(data)
+    assert len(program.segments) == 1
+    assert [s.segment_index for s in program.mutable_data_segments] == [0]
+    assert program.segments[0].offset == 0
+    run_in_executorch(data, "buffer_inplace", calls=3)
+    run_in_exportir(data, "buffer_inplace", calls=3)
+
+
+def test_inputs_read_through_views_or_returned_are_planned():
+    """As ExecuTorch does: the runtime copies such an input into planned memory once, its
+    views alias that memory (no as_strided_copy) and returning it needs no copy_; an input the
+    method writes stays the caller's tensor, so the caller sees the write."""
+    plan = _flatbuffer(our_pte("aliasing_outputs")).execution_plan[0]
+    assert [plan.values[i].val.allocation_info is not None for i in plan.inputs] == [True, True]
+    assert not {"aten::as_strided_copy", "aten::copy_"} & set(_ops(plan))
+    run_in_executorch(our_pte("aliasing_outputs"), "aliasing_outputs")
+
+    from executorch.runtime import Runtime
+
+    data = our_pte("user_input_mutation")
+    plan = _flatbuffer(data).execution_plan[0]
+    assert all(plan.values[i].val.allocation_info is None for i in plan.inputs)
+    method = Runtime.get().load_program(data).load_method("forward")
+    eager, args, _ = build(BY_NAME["user_input_mutation"])
+    _, mine, _ = build(BY_NAME["user_input_mutation"])
+    torch.testing.assert_close(method.execute(list(mine))[-1], eager(*args))
+    for got, want in zip(mine, args):  # mutated in place like eager's
+        torch.testing.assert_close(got, want)
 
 
 def test_our_pte_loads_back_in_exportir():

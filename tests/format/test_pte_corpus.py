@@ -66,6 +66,15 @@ def test_our_pte_in_exportir(name):
 
 
 @pytest.mark.parametrize("name", [e.name for e in ENTRIES if e.name not in
+                                  EXECUTORCH_CANNOT_COMPILE | set(REFUSED)])
+def test_our_pte_is_no_larger_than_executorchs(name):
+    """Issue 11's size target: the .pte exportir writes for a model is no bigger than the one
+    ExecuTorch's own compiler writes for it."""
+    ours, theirs = len(our_pte(name)), len(executorch_pte(name))
+    assert ours <= theirs, f"{name}: ours {ours} bytes, ExecuTorch's {theirs}"
+
+
+@pytest.mark.parametrize("name", [e.name for e in ENTRIES if e.name not in
                                   EXECUTORCH_CANNOT_COMPILE])
 def test_executorch_pte_in_exportir(name):
     """exportir's runtime against ExecuTorch's runtime on ExecuTorch's file, two calls (the same

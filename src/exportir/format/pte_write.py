@@ -253,8 +253,11 @@ class _MethodEncoder:
         self.view_arena: int | None = None
         self.runtime_views: dict[int, tuple[schema.ViewOf, bool]] = {}
         self.physical: dict[int, int] = {}
-        self.false_value: int | None = None
+        self.read_only: dict[tuple, int] = {}
+        self.scratch_sizes: dict[Any, int] = {}
+        self.block_keys: list[set[Any]] = []
         self.resized = self.resized_outs()
+        self.planned_inputs = self.plan_inputs()
         self.outputs = list(m.outputs)
         self.mentioned = {i for ins in m.instructions for i in self.reads(ins)}
         self.mentioned.update(m.outputs)
@@ -268,6 +271,35 @@ class _MethodEncoder:
             and isinstance(m.values[v.storage.base], schema.Tensor)
             and _expands(v, m.values[v.storage.base])
         )
+
+    def written(self) -> set[int]:
+        """Values some instruction writes (out arguments, in-place targets, move targets)."""
+        found: set[int] = set()
+        for ins in self.m.instructions:
+            if isinstance(ins, schema.KernelCall):
+                name = _qualified(*pte_operator_name(self.m.operators[ins.op_index]))
+                n_args, returns = PTE_KERNELS.get(name, (len(ins.args), ()))
+                found.update(ins.args[r] for r in returns if 0 <= r < len(ins.args))
+                found.update(ins.args[n_args:])  # results the call appends
+            elif isinstance(ins, schema.MoveCall):
+                found.add(ins.dst)
+        return found
+
+    def plan_inputs(self) -> dict[int, tuple[int, int]]:
+        """Planned memory for the inputs that views read, as ExecuTorch plans every input: the
+        runtime copies the caller's tensor in once per call, and each view of it is an alias
+        rather than an ``as_strided_copy`` before every instruction reading it. Inputs the
+        method writes stay bound to the caller's tensor (the caller sees the write)."""
+        viewed = {v.storage.base for v in self.m.values if isinstance(v, schema.Tensor)
+                  and isinstance(v.storage, schema.ViewOf)}
+        written = self.written()
+        found = {}
+        for i in self.m.inputs:
+            t = self.m.values[i]
+            if ((i in viewed or i in self.m.outputs) and i not in written and isinstance(t, schema.Tensor)
+                    and isinstance(t.storage, schema.InputStorage) and not t.dynamic):
+                found[i] = self.reserve(t.nbytes)
+        return found
 
     def resized_outs(self) -> set[int]:
         found = set()
@@ -301,7 +333,7 @@ class _MethodEncoder:
                     self.mutable.append(t.initial)
                     data = len(self.mutable)
             case schema.InputStorage():
-                pass
+                alloc = self.planned_inputs.get(i)
             case schema.DynamicStorage():
                 raise self.fail(f"value {i}", "a tensor without an upper bound on its size "
                                 "(runtime-allocated): ExecuTorch's planned memory cannot hold it")
@@ -325,14 +357,54 @@ class _MethodEncoder:
                 return self.constants.ref(root.storage.buffer, v.offset * esize), None
             return self.constants.ref(_strided_bytes(root, stored, t, v)), None
         relaid = _contiguous_view(root, t, v)
-        if relaid is not None and isinstance(root.storage, schema.Allocation) and _dense(
-            t, relaid.strides
-        ):
-            return 0, (root.storage.arena + 1, root.storage.offset + relaid.offset * esize)
+        if isinstance(root.storage, schema.Allocation):
+            where: tuple[int, int] | None = (root.storage.arena + 1, root.storage.offset)
+        else:
+            where = self.planned_inputs.get(v.base)
+        if relaid is not None and where is not None and _dense(t, relaid.strides):
+            return 0, (where[0], where[1] + relaid.offset * esize)
         # copied at run time: from the base (contiguous in ExecuTorch), or when the view only
         # exists over the base's own dim order, from a copy of the base in that order
         self.runtime_views[i] = (relaid or v, relaid is None)
-        return 0, self.reserve(t.nbytes)
+        return 0, self.scratch(i, t.nbytes)
+
+    def scratch(self, key: Any, nbytes: int) -> tuple[str, Any]:
+        """A placeholder allocation for a copy made just before the instruction reading it:
+        copies never read by one instruction share memory (:meth:`place_scratch`)."""
+        self.scratch_sizes[key] = nbytes
+        return ("scratch", key)
+
+    def place_scratch(self) -> None:
+        """Lays the run-time copies out in one more arena: first fit, each apart from the copies
+        made for the same instruction (the only ones alive with it), then points their values
+        at the places found."""
+        if not self.scratch_sizes:
+            return
+        together: dict[Any, set[Any]] = {k: set() for k in self.scratch_sizes}
+        for keys in self.block_keys:
+            for k in keys:
+                together[k] |= keys
+        for k in [k for k, others in together.items() if not others]:
+            together[k] = set(self.scratch_sizes)  # never copied: apart from every copy
+            for others in together.values():
+                others.add(k)
+        placed: dict[Any, int] = {}
+        end = 0
+        for key, nbytes in self.scratch_sizes.items():
+            busy = sorted((placed[o], placed[o] + self.scratch_sizes[o]) for o in together[key]
+                          if o in placed)
+            offset = 0
+            for lo, hi in busy:
+                if offset + nbytes <= lo:
+                    break
+                offset = max(offset, _align(hi, 16))
+            placed[key] = offset
+            end = max(end, _align(offset + nbytes, 16))
+        arena = len(self.arenas)
+        self.arenas.append(end)
+        for k, v in enumerate(self.values):
+            if v[0] == "Tensor" and isinstance(v[5], tuple) and v[5][0] == "scratch":
+                self.values[k] = (*v[:5], (arena + 1, placed[v[5][1]]), v[6])
 
     def reserve(self, nbytes: int) -> tuple[int, int]:
         """Planned memory for a copy this encoding adds, in an arena of its own."""
@@ -401,19 +473,26 @@ class _MethodEncoder:
         if not isinstance(self.m.values[ins.src], schema.Tensor):
             return ("MoveCall", ins.src, ins.dst)
         # ExecuTorch's MoveCall rebinds the value; exportir's copies the tensor's contents
-        if self.false_value is None:
-            self.false_value = self.add(("Bool", False))
         op = self.operator(*_COPY)
-        return ("KernelCall", op, (ins.dst, ins.src, self.false_value, ins.dst))
+        return ("KernelCall", op, (ins.dst, ins.src, self.constant(("Bool", False)), ins.dst))
+
+    def constant(self, value: tuple) -> int:
+        """A read-only scalar or list the encoding adds, shared with every equal one (a value
+        no instruction writes and the caller does not pass)."""
+        found = self.read_only.get(value)
+        if found is None:
+            found = self.read_only[value] = self.add(value)
+        return found
 
     def int_list(self, items: Sequence[int]) -> int:
-        return self.add(("IntList", tuple(self.add(("Int", x)) for x in items)))
+        return self.constant(("IntList", tuple(self.constant(("Int", x)) for x in items)))
 
     def materialize(self, i: int) -> list[tuple]:
         """``as_strided_copy`` of view ``i`` from its base (first a ``permute_copy`` of the
         base into its own dim order, when the view only exists over that order)."""
         v, physical = self.runtime_views[i]
         t = self.m.values[i]
+        self.block_keys[-1].add(i)
         found: list[tuple] = []
         source = v.base
         if physical:
@@ -423,12 +502,13 @@ class _MethodEncoder:
                 sizes = tuple(root.sizes[d] for d in root.dim_order)
                 source = self.physical[v.base] = self.add((
                     "Tensor", int(root.dtype), sizes, tuple(range(len(sizes))), 0,
-                    self.reserve(root.nbytes), fbs.STATIC))
+                    self.scratch(("physical", v.base), root.nbytes), fbs.STATIC))
+            self.block_keys[-1].add(("physical", v.base))
             dims = self.int_list(root.dim_order)
             op = self.operator(*_PERMUTE)
             found.append(("KernelCall", op, (v.base, dims, source, source)))
         sizes, strides = self.int_list(t.sizes), self.int_list(v.strides)
-        offset = self.add(("Int", v.offset))
+        offset = self.constant(("Int", v.offset))
         op = self.operator(*_AS_STRIDED)
         found.append(("KernelCall", op, (source, sizes, strides, offset, i, i)))
         return found
@@ -439,7 +519,8 @@ class _MethodEncoder:
         found = []
         for k, i in enumerate(self.outputs):
             t = self.m.values[i]
-            if not (isinstance(t, schema.Tensor) and isinstance(t.storage, schema.InputStorage)):
+            if not (isinstance(t, schema.Tensor) and isinstance(t.storage, schema.InputStorage)
+                    and i not in self.planned_inputs):  # a planned input is the runtime's copy
                 continue
             copy = self.add(("Tensor", int(t.dtype), t.sizes, tuple(range(len(t.sizes))), 0,
                              self.reserve(t.nbytes),
@@ -467,6 +548,7 @@ class _MethodEncoder:
     def instructions(self) -> list[tuple]:
         blocks: list[list[tuple]] = []
         for pc, ins in enumerate(self.m.instructions):
+            self.block_keys.append(set())
             block = [c for i in dict.fromkeys(self.reads(ins)) if i in self.runtime_views
                      for c in self.materialize(i)]
             match ins:
@@ -481,6 +563,7 @@ class _MethodEncoder:
                 case schema.DelegateCall():
                     raise self.fail(f"instruction {pc}", "a delegate call")
             blocks.append(block)
+        self.block_keys.append(set())  # the outputs: copied last, alive together
         tail = [c for i in dict.fromkeys(self.m.outputs) if i in self.runtime_views
                 for c in self.materialize(i)]
         tail += self.copy_input_outputs()
@@ -498,9 +581,13 @@ class _MethodEncoder:
         return flat + tail
 
     def encode(self) -> _Method:
+        fixed = self.written() | set(self.m.inputs)
         for i, v in enumerate(self.m.values):  # in order: value i of the method is value i
             self.values.append(self.value(i, v))
+            if isinstance(v, (schema.Int, schema.Bool)) and i not in fixed:
+                self.read_only.setdefault(self.values[-1], i)
         instructions = self.instructions()
+        self.place_scratch()
         return _Method(
             # a str input is fixed at export (the method runs with that value only) and
             # ExecuTorch's runtime takes no str input: the .pte keeps it as a value, not an input
@@ -515,45 +602,74 @@ class _MethodEncoder:
 
 # ------------------------------------------------------------------------------ flatbuffer
 
+_WIDTH = {"Int64": 8, "Uint64": 8, "Float64": 8, "off": 4, "Int32": 4, "Uint32": 4,
+          "Int8": 1, "Uint8": 1, "Bool": 1}
+
+
+def _exact(x: Any) -> Any:
+    """A key telling apart values that compare equal but encode differently (0.0 and -0.0)."""
+    return ("f", x.hex()) if isinstance(x, float) else x
+
+
 
 class _Writer:
     """Builds the flatbuffer bottom-up with ``flatbuffers.Builder`` (children before
-    parents, vectors back to front)."""
+    parents, vectors back to front). Equal strings, vectors and tables are written once and
+    shared by every reference (a flatbuffer is a DAG of offsets), and a table's fields are laid
+    out widest first, so no padding falls between them."""
 
     def __init__(self) -> None:
         self.b = flatbuffers.Builder(1 << 16)
+        self.shared: dict[tuple, int] = {}
 
     def table(self, num: int, fields: Sequence[tuple[str, int, Any]]) -> int:
         """``fields``: (kind, slot, value) with kind one of the Prepend*Slot suffixes or
         ``"off"`` for an offset; ``None`` values are left out (the schema default)."""
+        present = sorted(((k, s, v) for k, s, v in fields if v is not None),
+                         key=lambda f: -_WIDTH[f[0]])
+        key = ("table", num, *((k, s, _exact(v)) for k, s, v in present))
+        found = self.shared.get(key)
+        if found is not None:
+            return found
         b = self.b
         b.StartObject(num)
-        for kind, slot, value in fields:
-            if value is None:
-                continue
+        for kind, slot, value in present:
             if kind == "off":
                 b.PrependUOffsetTRelativeSlot(slot, value, 0)
             else:
                 getattr(b, f"Prepend{kind}Slot")(slot, value, 0 if kind != "Bool" else False)
-        return b.EndObject()
+        found = self.shared[key] = b.EndObject()
+        return found
 
     def offsets(self, items: Sequence[int]) -> int:
-        b = self.b
-        b.StartVector(4, len(items), 4)
-        for off in reversed(items):
-            b.PrependUOffsetTRelative(off)
-        return b.EndVector()
+        key = ("offsets", *items)
+        found = self.shared.get(key)
+        if found is None:
+            b = self.b
+            b.StartVector(4, len(items), 4)
+            for off in reversed(items):
+                b.PrependUOffsetTRelative(off)
+            found = self.shared[key] = b.EndVector()
+        return found
 
     def scalars(self, kind: str, size: int, items: Sequence[Any]) -> int:
-        b = self.b
-        b.StartVector(size, len(items), size)
-        prepend = getattr(b, f"Prepend{kind}")
-        for x in reversed(items):
-            prepend(x)
-        return b.EndVector()
+        key = (kind, *(_exact(x) for x in items))
+        found = self.shared.get(key)
+        if found is None:
+            b = self.b
+            b.StartVector(size, len(items), size)
+            prepend = getattr(b, f"Prepend{kind}")
+            for x in reversed(items):
+                prepend(x)
+            found = self.shared[key] = b.EndVector()
+        return found
 
     def string(self, s: str) -> int:
-        return self.b.CreateString(s)
+        key = ("string", s)
+        found = self.shared.get(key)
+        if found is None:
+            found = self.shared[key] = self.b.CreateString(s)
+        return found
 
     # -- values --------------------------------------------------------------------------------
 
@@ -624,8 +740,7 @@ class _Writer:
         outputs = self.scalars("Int32", 4, m.outputs)
         instructions = self.offsets([self.instruction(i) for i in m.instructions])
         chain = self.table(fbs.Chain.NUM, [
-            ("off", fbs.Chain.inputs, self.scalars("Int32", 4, m.inputs)),
-            ("off", fbs.Chain.outputs, self.scalars("Int32", 4, m.outputs)),
+            ("off", fbs.Chain.inputs, inputs), ("off", fbs.Chain.outputs, outputs),
             ("off", fbs.Chain.instructions, instructions),
         ])
         chains = self.offsets([chain])
@@ -672,22 +787,22 @@ def _align(n: int, alignment: int) -> int:
 
 def write_pte(program: schema.Program) -> bytes:
     """The ``.pte`` bytes of ``program``: flatbuffer with the extended header inserted after
-    its identifier, then the constant segment (each tensor 16-byte aligned) and, when methods
-    keep state, the mutable-data segment, each segment 128-byte aligned."""
+    its identifier, then one 128-byte aligned segment: the constant tensors, then (when methods
+    keep state) the initial values of the mutable ones, each 16-byte aligned."""
     check_pte_coverage(program)
     constants = _Constants(program.constants)
     mutable: list[int] = []
     methods = [_MethodEncoder(m, constants, mutable).encode() for m in program.methods]
-    const_data, const_offsets = constants.layout(fbs.TENSOR_ALIGNMENT)
-    blobs = [bytes(const_data)]
+    data, const_offsets = constants.layout(fbs.TENSOR_ALIGNMENT)
     mutable_ref = None
-    if mutable:
-        data, offsets = bytearray(), [0]
+    if mutable:  # a subsegment of the same segment: no second segment alignment to pad to
+        offsets = [0]
         for b in mutable:
+            data += bytes(-len(data) % fbs.TENSOR_ALIGNMENT)
             offsets.append(len(data))
             data += bytes(program.constants[b].data)
-        mutable_ref = (1, offsets)
-        blobs.append(bytes(data))
+        mutable_ref = (0, offsets)
+    blobs = [bytes(data)]
     segments, pos = [], 0
     for blob in blobs:
         pos = _align(pos, fbs.SEGMENT_ALIGNMENT)

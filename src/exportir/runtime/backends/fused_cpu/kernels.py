@@ -31,6 +31,7 @@ from exportir.runtime.backends.fused_cpu.dense import (
     apply_attr,
     check_attr,
 )
+from exportir.runtime.backends.fused_cpu.gemv import RowLinear
 from exportir.runtime.backends.fused_cpu.quantized import QUANTIZED_KERNEL_FNS, define_library
 from exportir.runtime.backends.fused_cpu.rnn import RNN_KERNELS, RnnShapeError
 
@@ -106,6 +107,10 @@ def _slice(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
     # Python slicing clamps start/end like aten.slice; a negative dim counts from the end
     key = (*(slice(None),) * dim, part) if dim >= 0 else (..., part, *(slice(None),) * (-dim - 1))
     return Call("item", None, (x, key))
+
+
+def _row_linear(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
+    return Call("call", RowLinear(), args, kwargs)
 
 
 def _clone(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
@@ -337,8 +342,10 @@ KERNELS: dict[str, Kernel] = {
         aten.convolution.default aten._adaptive_avg_pool2d.default aten.max_pool2d.default
         aten.constant_pad_nd.default aten._scaled_dot_product_flash_attention_for_cpu.default
     """),
+    # one-row linears (LLM decode) on a weight blocked once (.gemv); one instance per op
+    "aten.linear.default": Kernel(_nn.linear, bind=_row_linear),
     **_same("""
-        aten.linear.default aten.thnn_conv2d.default aten.slow_conv_transpose2d.default
+        aten.thnn_conv2d.default aten.slow_conv_transpose2d.default
         aten.avg_pool2d.default aten.max_pool2d_with_indices.default
         aten.adaptive_max_pool2d.default aten.upsample_nearest2d.vec
         aten.upsample_bilinear2d.vec

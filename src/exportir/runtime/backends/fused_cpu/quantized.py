@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from exportir.runtime.backends.fused_cpu.gemv import block_weight, blockable, blocked_linear
+
 __all__ = ["QUANTIZED_KERNEL_FNS", "DenseWeight", "define_library", "pack_qlinear_weight"]
 
 _LIBRARY_MODULE = "exportir.format.quantized_ops"
@@ -124,9 +126,25 @@ def _qlinear(op: Any) -> Callable[..., Any]:
 @dataclass(frozen=True, slots=True)
 class DenseWeight:
     """A weight-only kernel's weight, dequantized at load because ``linear`` on it was
-    measured faster than the packed kernel (module docstring): ``weight`` is ``[N, K]``."""
+    measured faster than the packed kernel (module docstring): ``weight`` is ``[N, K]``, or
+    None when only its blocked layout is kept (``blocked``, :func:`.gemv.block_weight`: one-row
+    products, a decode step's, stream it twice as fast; :meth:`of` makes that choice)."""
 
-    weight: torch.Tensor
+    weight: torch.Tensor | None
+    blocked: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, dense: torch.Tensor) -> DenseWeight:
+        return cls(None, block_weight(dense)) if blockable(dense) else cls(dense)
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[1] if self.weight is not None else self.blocked.shape[1]
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        if self.blocked is not None:
+            return blocked_linear(x, self.blocked.to(x.dtype))
+        return torch.nn.functional.linear(x, self.weight.to(x.dtype))
 
 
 # (kernel, activation dtype, N, K) -> whether linear on the dequantized weight is faster
@@ -155,9 +173,9 @@ def _dense_is_faster(key: tuple[str, torch.dtype, int, int], packed: Callable[..
 
 def _int8pack_mm(x: Any, w: Any, scales: Any) -> torch.Tensor:
     if isinstance(w, DenseWeight):
-        _require(isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[1] == w.weight.shape[1],
+        _require(isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[1] == w.in_features,
                  "_weight_int8pack_mm: needs x [M, K] for an int8 weight [N, K]")
-        return torch.nn.functional.linear(x, w.weight.to(x.dtype))
+        return w.linear(x)
     _require(isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.dim() == 2
              and w.dim() == 2 and w.dtype == torch.int8 and x.shape[1] == w.shape[1]
              and isinstance(scales, torch.Tensor) and scales.numel() == w.shape[0],
@@ -175,14 +193,14 @@ def _prepare_int8pack(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> 
         faster = _dense_is_faster(key, lambda x: _int8pack_mm(x, w, scales), dense)
     except (QuantizedKernelError, RuntimeError):
         return args  # the kernel refuses these arguments when it runs
-    return (args[0], DenseWeight(dense), *args[2:]) if faster else args
+    return (args[0], DenseWeight.of(dense), *args[2:]) if faster else args
 
 
 def _int4pack_mm(x: Any, w: Any, group_size: int, scales_zeros: Any) -> torch.Tensor:
     if isinstance(w, DenseWeight):
-        _require(isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[1] == w.weight.shape[1],
+        _require(isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[1] == w.in_features,
                  "_weight_int4pack_mm_for_cpu: needs x [M, K] for a weight [N, K]")
-        return torch.nn.functional.linear(x, w.weight.to(x.dtype))
+        return w.linear(x)
     ok = (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.dim() == 2
           and w.dim() == 2 and w.dtype == torch.uint8 and isinstance(scales_zeros, torch.Tensor)
           and type(group_size) is int and group_size > 0 and x.shape[1] == w.shape[1] * 2
@@ -232,7 +250,7 @@ def _prepare_int4pack(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> 
         dense = ((q - 8) * sz[..., 0].t() + sz[..., 1].t()).to(dtype)
     except (QuantizedKernelError, RuntimeError, IndexError):
         return args  # the kernel refuses these arguments when it runs
-    return (args[0], DenseWeight(dense), *args[2:])
+    return (args[0], DenseWeight.of(dense), *args[2:])
 
 
 # name -> (kernel, prepare)

@@ -9,12 +9,13 @@
   weight that is not packed yet;
 - ``aten._weight_int8pack_mm`` / ``aten._weight_int4pack_mm_for_cpu``: torch's weight-only
   int8 / int4 matrix products, checked the same way. Their speed depends on the activation
-  dtype and the shape (for float32 they are several times slower than a float ``linear`` on
-  AVX-512 machines; for bfloat16 faster): at load, a constant weight's kernel is timed against
-  ``linear`` on the weight dequantized (``M`` = 1 and 32 rows, once per shape and dtype in a
-  process) and the faster one runs (:class:`DenseWeight`). Results agree to float rounding.
+  dtype and the shape: for float32 activations they are 4-30x slower than the product with the
+  weight dequantized, so a constant weight is dequantized at load (:class:`DenseWeight`, kept
+  in the one-row layout of :mod:`.gemv`); for other dtypes (bfloat16: often faster) the packed
+  kernel is timed against it (``M`` = 1 and 32 rows, best of 3, once per shape and dtype in a
+  process) and the faster one runs. Results agree to float rounding.
 
-Imports only torch and the standard library.
+Imports only torch and the standard library (and the fused CPU backend's :mod:`.gemv`).
 """
 
 from __future__ import annotations
@@ -152,21 +153,34 @@ _DENSE_FASTER: dict[tuple[str, torch.dtype, int, int], bool] = {}
 _TIMED_ROWS = (1, 32)
 
 
+_TIMED_RUNS = 3  # the best of: one run is at the mercy of the scheduler on a busy machine
+
+
 def _seconds(fn: Callable[[torch.Tensor], Any], x: torch.Tensor) -> float:
     fn(x)  # warm-up: first calls allocate and pick kernels
-    start = time.perf_counter()
-    fn(x)
-    return time.perf_counter() - start
+    best = float("inf")
+    for _ in range(_TIMED_RUNS):
+        start = time.perf_counter()
+        fn(x)
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def _dense_is_faster(key: tuple[str, torch.dtype, int, int], packed: Callable[..., Any],
                      dense: torch.Tensor) -> bool:
+    """Whether the dequantized weight, as :meth:`DenseWeight.of` keeps it, multiplies faster
+    than the packed kernel: always for float32 activations (torch's kernels have no fast path
+    for them: 4-30x slower than the dense product on one row or 32, measured on AVX-512, and a
+    load-time timing on a busy machine is noise), else timed once per key in a process."""
+    if key[1] == torch.float32:
+        return True
     if key not in _DENSE_FASTER:
         _, dtype, _, k = key
         xs = [torch.randn(m, k).to(dtype) for m in _TIMED_ROWS]
+        held = DenseWeight.of(dense)
         with torch.no_grad():
             t_packed = sum(_seconds(packed, x) for x in xs)
-            t_dense = sum(_seconds(lambda x: torch.nn.functional.linear(x, dense), x) for x in xs)
+            t_dense = sum(_seconds(held.linear, x) for x in xs)
         _DENSE_FASTER[key] = t_dense < t_packed
     return _DENSE_FASTER[key]
 

@@ -73,36 +73,45 @@ def blocked_linear(x: torch.Tensor, blocked: torch.Tensor, bias: torch.Tensor | 
 
 class RowLinear:
     """``aten.linear`` for one op of a blob (module docstring): one-row calls on a weight seen
-    twice unchanged run :func:`blocked_linear` on a blocked copy made then."""
+    twice unchanged run :func:`blocked_linear` on a blocked copy made then; a call with the
+    same row shape as the last one runs straight from the state (one ``bmm``: a decode step's
+    linears are a third of its time, Python's part of each counts)."""
 
     __slots__ = ("_state",)
 
     def __init__(self) -> None:
-        # (weight tensor, its version when seen, its blocked copy or None); replaced whole, so
-        # concurrent calls read a consistent triple
-        self._state: tuple[Any, int, torch.Tensor | None] = (None, -1, None)
+        # (weight tensor, its version when seen, its blocked copy or None, the last one-row
+        # shape of x, x expanded to the blocks, the result's shape); replaced whole, so
+        # concurrent calls read a consistent tuple
+        self._state: tuple[Any, ...] = (None, -1, None, None, None, None)
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None
                  ) -> torch.Tensor:
-        seen, version, blocked = self._state
-        if w is seen and blocked is not None and w._version == version and (
-                x.numel() == x.shape[-1]):
-            return blocked_linear(x, blocked, bias)
+        seen, version, blocked, x_shape, expanded, out_shape = self._state
+        if w is seen and x.shape == x_shape and w._version == version:
+            y = _bmm(x.expand(expanded), blocked).view(out_shape)
+            return y if bias is None else y.add_(bias)
         return self._slow(x, w, bias)
 
     def _slow(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
               ) -> torch.Tensor:
-        seen, version, _ = self._state
+        seen, version, blocked = self._state[:3]
         one_row = isinstance(x, torch.Tensor) and x.dim() >= 1 and x.numel() == x.shape[-1]
         if not one_row or not isinstance(w, torch.Tensor):
             return _linear(x, w, bias)
         if w is not seen or w._version != version:  # first sight (or changed): remember it
-            self._state = (w, w._version, None)
+            self._state = (w, w._version, None, None, None, None)
             return _linear(x, w, bias)
         if x.dtype != torch.float32 or not blockable(w, x.shape[-1]) or (
                 bias is not None and (bias.dtype != torch.float32 or bias.dim() != 1
                                       or bias.shape[0] != w.shape[0])):
             return _linear(x, w, bias)
-        blocked = block_weight(w)
-        self._state = (w, version, blocked)
+        if blocked is None:
+            blocked = block_weight(w)
+        blocks, k, width = blocked.shape
+        if x.dim() <= 3:  # expand adds the leading dims: the fast path in __call__
+            out_shape = (*x.shape[:-1], blocks * width)
+            self._state = (w, version, blocked, x.shape, (blocks, 1, k), out_shape)
+        else:
+            self._state = (w, version, blocked, None, None, None)
         return blocked_linear(x, blocked, bias)

@@ -209,6 +209,41 @@ def test_attention_is_kept_whole_and_claimed():
     _check(model, args, decomposed)
 
 
+
+class GroupedAttention(nn.Module):
+    """Grouped-query attention, heads repeated as transformers' repeat_kv does."""
+
+    def forward(self, q, k, v):
+        b, h, s, d = k.shape
+        g = q.shape[1] // h
+        k = (k * 2)[:, :, None].expand(b, h, g, s, d).reshape(b, h * g, s, d)
+        v = (v + 1)[:, :, None].expand(b, h, g, s, d).reshape(b, h * g, s, d)
+        return F.scaled_dot_product_attention(q, k, v)
+
+
+def test_grouped_query_attention_reads_the_unrepeated_cache():
+    model = GroupedAttention().eval()
+    args = (torch.randn(1, 4, 3, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8))
+    edge = _lower(model, args)
+    ops = _ops(edge)
+    assert ops.count("aten._scaled_dot_product_flash_attention_for_cpu.default") == 1
+    assert "aten.expand_copy.default" not in ops, ops
+    _check(model, args, edge)
+
+
+def test_flash_attention_refuses_heads_that_do_not_divide():
+    from exportir.runtime.backends.fused_cpu.kernels import KERNELS, AttentionShapeError
+
+    flash = KERNELS["aten._scaled_dot_product_flash_attention_for_cpu.default"].fn
+    q, kv = torch.randn(1, 8, 2, 4), torch.randn(1, 4, 5, 4)
+    expected = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, kv.repeat_interleave(2, 1), kv.repeat_interleave(2, 1))[0]
+    torch.testing.assert_close(flash(q, kv, kv)[0], expected)
+    for k, v in ((torch.randn(1, 3, 5, 4),) * 2, (kv, torch.randn(1, 2, 5, 4)),
+                 (torch.randn(3, 5, 4),) * 2):
+        with pytest.raises(AttentionShapeError, match="heads dividing"):
+            flash(q, k, v)
+
 def test_optimize_spec_off_writes_the_edge_ops():
     model = _trained(ConvBn(True))
     args = (torch.randn(1, 3, 6, 6),)

@@ -13,6 +13,8 @@ keeps the values the delegate computes (up to float rounding where noted):
 - ``conv_bn``: ``_native_batch_norm_legit_no_training`` of a ``convolution`` it alone reads,
   all weights known, is folded into the convolution's weight and bias (computed in float64,
   rounded once);
+- ``grouped_attention``: flash attention over keys / values whose heads were repeated to the
+  query's (``view(expand(unsqueeze(kv, 2)))``) reads ``kv`` itself (grouped-query attention);
 - ``max_pool2d``: ``max_pool2d_with_indices`` whose indices nobody reads becomes ``max_pool2d``,
   likewise ``native_group_norm`` / ``native_layer_norm`` the ``group_norm`` / ``layer_norm``; ``mul(x, sigmoid(x))`` becomes ``silu(x)``;
 - layout no-ops: a ``view``/``expand`` to the same shape, an identity ``permute`` are dropped;
@@ -321,6 +323,44 @@ def max_pool2d(g: Graph, op: Op) -> bool:
     return True
 
 
+def _grouped(g: Graph, v: Any) -> tuple[Value, int] | None:
+    """``(x, G)`` when ``v`` is ``x [B, H, S, D]`` with each head repeated ``G`` times:
+    ``view(expand(unsqueeze(x, 2), [B, H, G, S, D]), [B, H * G, S, D])`` (``repeat_kv``,
+    ``repeat_interleave`` of a KV cache)."""
+    view = g.producer(v, "aten.view_copy.default") if isinstance(v, Value) else None
+    expand = g.producer(view.args[0], "aten.expand_copy.default") if view else None
+    unsqueeze = g.producer(expand.args[0], "aten.unsqueeze_copy.default") if expand else None
+    if unsqueeze is None or unsqueeze.args[1:] not in ([2], [-3]):
+        return None
+    x = unsqueeze.args[0]
+    xs, es, vs = static_shape(x), static_shape(expand.out), static_shape(view.out)
+    if xs is None or es is None or vs is None or len(xs) != 4 or len(es) != 5:
+        return None
+    b, h, s, d = xs
+    groups = es[2]
+    if es != (b, h, groups, s, d) or vs != (b, h * groups, s, d) or groups < 1:
+        return None
+    return x, groups
+
+
+def grouped_attention(g: Graph, op: Op) -> bool:
+    """Attention over keys and values whose heads were repeated to the query's (grouped-query
+    attention) reads the unrepeated ones: the CPU flash kernel pairs query head ``i`` with
+    key/value head ``i // G`` itself, giving the same values without copying the cache twice."""
+    if len(op.args) < 3:
+        return False
+    k, v = _grouped(g, op.args[1]), _grouped(g, op.args[2])
+    q_shape = op.args[0].shape if isinstance(op.args[0], Value) else None
+    if k is None or v is None or k[1] != v[1] or k[1] == 1 or q_shape is None:
+        return False
+    heads = static_shape(k[0])[1] * k[1]
+    if len(q_shape) != 4 or not isinstance(q_shape[1], int) or q_shape[1] != heads:
+        return False
+    op.args[1], op.args[2] = k[0], v[0]
+    g.changed()
+    return True
+
+
 RULES: dict[str, tuple[Rule, ...]] = {
     "aten.addmm.default": (linear,),
     "aten.mm.default": (linear,),
@@ -339,6 +379,7 @@ RULES: dict[str, tuple[Rule, ...]] = {
     "aten.mul.Tensor": (silu,),
     "aten.native_group_norm.default": (group_norm,),
     "aten.native_layer_norm.default": (layer_norm,),
+    "aten._scaled_dot_product_flash_attention_for_cpu.default": (grouped_attention,),
     **LAYOUT_RULES,
     # before the permute joins the layout ops before it, see whether it can cross a linear
     "aten.permute_copy.default": (

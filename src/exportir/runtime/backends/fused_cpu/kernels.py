@@ -31,6 +31,7 @@ from exportir.runtime.backends.fused_cpu.dense import (
     apply_attr,
     check_attr,
 )
+from exportir.runtime.backends.fused_cpu.gemv import RowLinear
 from exportir.runtime.backends.fused_cpu.quantized import QUANTIZED_KERNEL_FNS, define_library
 from exportir.runtime.backends.fused_cpu.rnn import RNN_KERNELS, RnnShapeError
 
@@ -106,6 +107,32 @@ def _slice(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
     # Python slicing clamps start/end like aten.slice; a negative dim counts from the end
     key = (*(slice(None),) * dim, part) if dim >= 0 else (..., part, *(slice(None),) * (-dim - 1))
     return Call("item", None, (x, key))
+
+
+def _row_linear(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
+    return Call("call", RowLinear(), args, kwargs)
+
+
+class AttentionShapeError(ValueError):
+    """Flash attention arguments the kernel would read out of bounds on."""
+
+
+_FLASH = torch._scaled_dot_product_flash_attention_for_cpu
+
+
+def _flash_attention(q: Any, k: Any, v: Any, dropout_p: float = 0.0, is_causal: bool = False,
+                     *, attn_mask: Any = None, scale: Any = None) -> Any:
+    """``_scaled_dot_product_flash_attention_for_cpu``, its shapes checked first: keys and
+    values may have fewer heads than the query (grouped-query attention, query head ``i``
+    reading head ``i // G``), but the kernel does not check that they divide it (it crashes)."""
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
+            and isinstance(v, torch.Tensor) and q.dim() == k.dim() == v.dim() == 4
+            and k.shape[1] == v.shape[1] and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0):
+        shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else t for t in (q, k, v)]
+        raise AttentionShapeError(
+            f"flash attention needs query, key, value [B, H, S, D] with the key's and value's "
+            f"heads dividing the query's; got {shapes}")
+    return _FLASH(q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
 
 
 def _clone(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
@@ -335,10 +362,13 @@ KERNELS: dict[str, Kernel] = {
     **_same("""
         aten.addmm.default aten.mm.default aten.bmm.default aten.matmul.default
         aten.convolution.default aten._adaptive_avg_pool2d.default aten.max_pool2d.default
-        aten.constant_pad_nd.default aten._scaled_dot_product_flash_attention_for_cpu.default
+        aten.constant_pad_nd.default
     """),
+    "aten._scaled_dot_product_flash_attention_for_cpu.default": Kernel(_flash_attention),
+    # one-row linears (LLM decode) on a weight blocked once (.gemv); one instance per op
+    "aten.linear.default": Kernel(_nn.linear, bind=_row_linear),
     **_same("""
-        aten.linear.default aten.thnn_conv2d.default aten.slow_conv_transpose2d.default
+        aten.thnn_conv2d.default aten.slow_conv_transpose2d.default
         aten.avg_pool2d.default aten.max_pool2d_with_indices.default
         aten.adaptive_max_pool2d.default aten.upsample_nearest2d.vec
         aten.upsample_bilinear2d.vec

@@ -9,12 +9,13 @@
   weight that is not packed yet;
 - ``aten._weight_int8pack_mm`` / ``aten._weight_int4pack_mm_for_cpu``: torch's weight-only
   int8 / int4 matrix products, checked the same way. Their speed depends on the activation
-  dtype and the shape (for float32 they are several times slower than a float ``linear`` on
-  AVX-512 machines; for bfloat16 faster): at load, a constant weight's kernel is timed against
-  ``linear`` on the weight dequantized (``M`` = 1 and 32 rows, once per shape and dtype in a
-  process) and the faster one runs (:class:`DenseWeight`). Results agree to float rounding.
+  dtype and the shape: for float32 activations they are 4-30x slower than the product with the
+  weight dequantized, so a constant weight is dequantized at load (:class:`DenseWeight`, kept
+  in the one-row layout of :mod:`.gemv`); for other dtypes (bfloat16: often faster) the packed
+  kernel is timed against it (``M`` = 1 and 32 rows, best of 3, once per shape and dtype in a
+  process) and the faster one runs. Results agree to float rounding.
 
-Imports only torch and the standard library.
+Imports only torch and the standard library (and the fused CPU backend's :mod:`.gemv`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from exportir.runtime.backends.fused_cpu.gemv import block_weight, blockable, blocked_linear
 
 __all__ = ["QUANTIZED_KERNEL_FNS", "DenseWeight", "define_library", "pack_qlinear_weight"]
 
@@ -124,9 +127,25 @@ def _qlinear(op: Any) -> Callable[..., Any]:
 @dataclass(frozen=True, slots=True)
 class DenseWeight:
     """A weight-only kernel's weight, dequantized at load because ``linear`` on it was
-    measured faster than the packed kernel (module docstring): ``weight`` is ``[N, K]``."""
+    measured faster than the packed kernel (module docstring): ``weight`` is ``[N, K]``, or
+    None when only its blocked layout is kept (``blocked``, :func:`.gemv.block_weight`: one-row
+    products, a decode step's, stream it twice as fast; :meth:`of` makes that choice)."""
 
-    weight: torch.Tensor
+    weight: torch.Tensor | None
+    blocked: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, dense: torch.Tensor) -> DenseWeight:
+        return cls(None, block_weight(dense)) if blockable(dense) else cls(dense)
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[1] if self.weight is not None else self.blocked.shape[1]
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        if self.blocked is not None:
+            return blocked_linear(x, self.blocked.to(x.dtype))
+        return torch.nn.functional.linear(x, self.weight.to(x.dtype))
 
 
 # (kernel, activation dtype, N, K) -> whether linear on the dequantized weight is faster
@@ -134,30 +153,43 @@ _DENSE_FASTER: dict[tuple[str, torch.dtype, int, int], bool] = {}
 _TIMED_ROWS = (1, 32)
 
 
+_TIMED_RUNS = 3  # the best of: one run is at the mercy of the scheduler on a busy machine
+
+
 def _seconds(fn: Callable[[torch.Tensor], Any], x: torch.Tensor) -> float:
     fn(x)  # warm-up: first calls allocate and pick kernels
-    start = time.perf_counter()
-    fn(x)
-    return time.perf_counter() - start
+    best = float("inf")
+    for _ in range(_TIMED_RUNS):
+        start = time.perf_counter()
+        fn(x)
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def _dense_is_faster(key: tuple[str, torch.dtype, int, int], packed: Callable[..., Any],
                      dense: torch.Tensor) -> bool:
+    """Whether the dequantized weight, as :meth:`DenseWeight.of` keeps it, multiplies faster
+    than the packed kernel: always for float32 activations (torch's kernels have no fast path
+    for them: 4-30x slower than the dense product on one row or 32, measured on AVX-512, and a
+    load-time timing on a busy machine is noise), else timed once per key in a process."""
+    if key[1] == torch.float32:
+        return True
     if key not in _DENSE_FASTER:
         _, dtype, _, k = key
         xs = [torch.randn(m, k).to(dtype) for m in _TIMED_ROWS]
+        held = DenseWeight.of(dense)
         with torch.no_grad():
             t_packed = sum(_seconds(packed, x) for x in xs)
-            t_dense = sum(_seconds(lambda x: torch.nn.functional.linear(x, dense), x) for x in xs)
+            t_dense = sum(_seconds(held.linear, x) for x in xs)
         _DENSE_FASTER[key] = t_dense < t_packed
     return _DENSE_FASTER[key]
 
 
 def _int8pack_mm(x: Any, w: Any, scales: Any) -> torch.Tensor:
     if isinstance(w, DenseWeight):
-        _require(isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[1] == w.weight.shape[1],
+        _require(isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[1] == w.in_features,
                  "_weight_int8pack_mm: needs x [M, K] for an int8 weight [N, K]")
-        return torch.nn.functional.linear(x, w.weight.to(x.dtype))
+        return w.linear(x)
     _require(isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.dim() == 2
              and w.dim() == 2 and w.dtype == torch.int8 and x.shape[1] == w.shape[1]
              and isinstance(scales, torch.Tensor) and scales.numel() == w.shape[0],
@@ -175,14 +207,14 @@ def _prepare_int8pack(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> 
         faster = _dense_is_faster(key, lambda x: _int8pack_mm(x, w, scales), dense)
     except (QuantizedKernelError, RuntimeError):
         return args  # the kernel refuses these arguments when it runs
-    return (args[0], DenseWeight(dense), *args[2:]) if faster else args
+    return (args[0], DenseWeight.of(dense), *args[2:]) if faster else args
 
 
 def _int4pack_mm(x: Any, w: Any, group_size: int, scales_zeros: Any) -> torch.Tensor:
     if isinstance(w, DenseWeight):
-        _require(isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[1] == w.weight.shape[1],
+        _require(isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[1] == w.in_features,
                  "_weight_int4pack_mm_for_cpu: needs x [M, K] for a weight [N, K]")
-        return torch.nn.functional.linear(x, w.weight.to(x.dtype))
+        return w.linear(x)
     ok = (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.dim() == 2
           and w.dim() == 2 and w.dtype == torch.uint8 and isinstance(scales_zeros, torch.Tensor)
           and type(group_size) is int and group_size > 0 and x.shape[1] == w.shape[1] * 2
@@ -232,7 +264,7 @@ def _prepare_int4pack(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> 
         dense = ((q - 8) * sz[..., 0].t() + sz[..., 1].t()).to(dtype)
     except (QuantizedKernelError, RuntimeError, IndexError):
         return args  # the kernel refuses these arguments when it runs
-    return (args[0], DenseWeight(dense), *args[2:])
+    return (args[0], DenseWeight.of(dense), *args[2:])
 
 
 # name -> (kernel, prepare)

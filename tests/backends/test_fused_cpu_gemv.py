@@ -1,0 +1,90 @@
+"""The fused CPU backend's one-row linear (decode steps): a weight blocked once, results equal
+to ATen's ``linear`` up to float rounding, and every case it does not block left to ATen."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from exportir.runtime.backends.fused_cpu.gemv import (
+    BLOCK,
+    RowLinear,
+    block_weight,
+    blockable,
+    blocked_linear,
+)
+from exportir.runtime.backends.fused_cpu.quantized import DenseWeight
+
+
+@pytest.mark.parametrize("rows", [(1, 1), (1,), (1, 5), (3,)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_blocked_linear_matches_linear(rows: tuple[int, ...], bias: bool) -> None:
+    torch.manual_seed(0)
+    w = torch.randn(3 * BLOCK, 24)
+    b = torch.randn(3 * BLOCK) if bias else None
+    x = torch.randn(*rows, 24)
+    got = blocked_linear(x, block_weight(w), b)
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, w, b))
+    assert got.shape == (*rows, 3 * BLOCK)
+
+
+def test_block_weight_layout() -> None:
+    w = torch.arange(2 * BLOCK * 3, dtype=torch.float32).reshape(2 * BLOCK, 3)
+    blocked = block_weight(w)
+    assert blocked.shape == (2, 3, BLOCK) and blocked.is_contiguous()
+    assert torch.equal(blocked[1, :, 5], w[BLOCK + 5])
+
+
+def test_row_linear_blocks_a_weight_seen_twice() -> None:
+    torch.manual_seed(0)
+    op, w = RowLinear(), torch.randn(2 * BLOCK, 8)
+    x = torch.randn(1, 1, 8)
+    expected = torch.nn.functional.linear(x, w)
+    for _ in range(3):
+        torch.testing.assert_close(op(x, w), expected)
+    assert op._state[2] is not None  # blocked on the second call
+    torch.testing.assert_close(op(torch.randn(4, 8), w).shape, torch.Size([4, 2 * BLOCK]))
+
+
+def test_row_linear_follows_a_changed_weight() -> None:
+    torch.manual_seed(0)
+    op, w = RowLinear(), torch.randn(BLOCK, 8)
+    x = torch.randn(1, 8)
+    op(x, w), op(x, w)
+    w.mul_(2)  # written in place: the blocked copy is stale
+    torch.testing.assert_close(op(x, w), torch.nn.functional.linear(x, w))
+    other = torch.randn(BLOCK, 8)
+    torch.testing.assert_close(op(x, other), torch.nn.functional.linear(x, other))
+
+
+@pytest.mark.parametrize("w", [torch.randn(BLOCK + 1, 8), torch.randn(BLOCK, 8).double(),
+                               torch.randn(2, BLOCK, 8)], ids=["rows", "float64", "3d"])
+def test_row_linear_leaves_other_weights_to_aten(w: torch.Tensor) -> None:
+    op = RowLinear()
+    x = torch.randn(1, 8, dtype=w.dtype)
+    if w.dim() != 2:
+        with pytest.raises(RuntimeError):
+            op(x, w), op(x, w)
+        return
+    assert not blockable(w)
+    for _ in range(2):
+        torch.testing.assert_close(op(x, w), torch.nn.functional.linear(x, w))
+    assert op._state[2] is None
+
+
+def test_row_linear_wrong_width_fails_as_aten_does() -> None:
+    op, w = RowLinear(), torch.randn(BLOCK, 8)
+    op(torch.randn(1, 8), w)
+    with pytest.raises(RuntimeError):
+        op(torch.randn(1, 7), w)
+
+
+def test_dense_weight_keeps_only_the_blocked_layout() -> None:
+    torch.manual_seed(0)
+    dense = torch.randn(2 * BLOCK, 8)
+    held = DenseWeight.of(dense)
+    assert held.weight is None and held.in_features == 8
+    for x in (torch.randn(1, 8), torch.randn(5, 8)):
+        torch.testing.assert_close(held.linear(x), torch.nn.functional.linear(x, dense))
+    odd = DenseWeight.of(torch.randn(BLOCK + 2, 8))
+    assert odd.blocked is None and odd.in_features == 8

@@ -19,7 +19,9 @@ reads the program file into ``bytes`` and the inputs, resets the kernel's peak-R
   .load_method("forward")``, process CPU time (one torch thread) and wall time;
 - first call: the first call on the same inputs (lazy work lands here), CPU time;
 - memory: peak RSS growth (``VmHWM``) over the baseline after load, after the first call, and
-  the resident growth (``VmRSS``) after two calls (what stays).
+  the resident growth (``VmRSS``) after two calls (what stays), and the growth of private
+  memory (``RssAnon``) after the first call: the rest is file-backed, mostly code pages of
+  libtorch / ExecuTorch's library touched for the first time.
 
 The sides alternate process by process; each keeps its best (smallest) value per column over
 ``--runs`` processes, after one unmeasured process per side (bytecode caches written, files in
@@ -65,7 +67,7 @@ import gc
 gc.collect()
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # VmHWM := VmRSS
-base = status("VmRSS:")
+base, base_anon = status("VmRSS:"), status("RssAnon:")
 c0, w0 = time.process_time(), time.perf_counter()
 if side == "ours":
     method = Program.load(data).method("forward")
@@ -78,14 +80,15 @@ hwm_load = status("VmHWM:")
 with torch.no_grad():
     call()
     c2 = time.process_time()
-    hwm_run = status("VmHWM:")
+    hwm_run, anon = status("VmHWM:"), status("RssAnon:") - base_anon
     call()
 rss = status("VmRSS:")
 print(json.dumps({"load": c1 - c0, "wall": w1 - w0, "first": c2 - c1,
-                  "mem_load": hwm_load - base, "mem_run": hwm_run - base, "rss": rss - base}))
+                  "mem_load": hwm_load - base, "mem_run": hwm_run - base, "rss": rss - base,
+                  "anon": anon}))
 """
 
-COLUMNS = ("load", "wall", "first", "mem_load", "mem_run", "rss")
+COLUMNS = ("load", "wall", "first", "mem_load", "mem_run", "rss", "anon")
 
 
 def _quiet():
@@ -179,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     a.programs.mkdir(parents=True, exist_ok=True)
     heads = ["model", "road", "load ours ms", "load ET ms", "ratio<=2", "1st call ours ms",
              "1st call ET ms", "peak MiB ours", "peak MiB ET", "ratio<=1.2", "load peak ratio",
-             "resident ratio"]  # fmt: skip
+             "resident ratio", "anon MiB ours", "anon MiB ET"]  # fmt: skip
     print(f"fresh process per measurement, best of {a.runs}, CPU time, torch {torch.__version__}")
     print("| " + " | ".join(heads) + " |")
     print("|" + "---|" * len(heads))
@@ -198,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
 
             cells = [model.name, road, _ms(o["load"]), _ms(e["load"]), ratio("load"),
                      _ms(o["first"]), _ms(e["first"]), _mib(o["mem_run"]), _mib(e["mem_run"]),
-                     ratio("mem_run"), ratio("mem_load"), ratio("rss")]  # fmt: skip
+                     ratio("mem_run"), ratio("mem_load"), ratio("rss"), _mib(o["anon"]), _mib(e["anon"])]  # fmt: skip
             print("| " + " | ".join(cells) + " |", flush=True)
             print(json.dumps({"model": model.name, "road": road, **r}), file=sys.stderr)
     if cleanup is not None:

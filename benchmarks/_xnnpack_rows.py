@@ -298,15 +298,20 @@ def fresh_load(side: str, data: bytes, args: tuple, runs: int) -> dict[str, floa
         torch.save(args, inputs)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(_ROOT / "src"),
                                                           os.environ.get("PYTHONPATH", "")]))  # fmt: skip
+        # bytecode caches for our modules too (ExecuTorch's are installed with theirs), written
+        # by one unmeasured process (see benchmarks/memory_bench.py)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(Path(tmp, "pycache"))
         results = []
-        for _ in range(runs):
+        for i in range(runs + 1):
             proc = subprocess.run(
                 [sys.executable, "-c", _CHILD, side, str(path), str(inputs)],
                 capture_output=True, text=True, env=env, check=False,
             )  # fmt: skip
             if proc.returncode != 0:
                 raise RuntimeError(f"{side} load failed: {proc.stderr.strip().splitlines()[-1:]}")
-            results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            if i:
+                results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     return {
         "load": min(r["load"] for r in results),
         "mem": min(r["mem"] for r in results),

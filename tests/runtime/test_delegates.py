@@ -90,7 +90,11 @@ def test_missing_backend_fails_at_load_naming_the_call_site():
 def test_default_registry_ships_the_fused_cpu_executor():
     from exportir.runtime.backends.fused_cpu import BACKEND_ID, FusedCpuRuntime
 
-    assert isinstance(default_delegate_registry().get(BACKEND_ID), FusedCpuRuntime)
+    registry = default_delegate_registry()
+    assert BACKEND_ID in registry and list(registry) == [BACKEND_ID]  # named before imported
+    assert isinstance(registry.get(BACKEND_ID), FusedCpuRuntime)
+    assert registry.get(BACKEND_ID) is registry.get(BACKEND_ID)  # made once per registry
+    assert isinstance(registry.copy().get(BACKEND_ID), FusedCpuRuntime)
 
 
 def test_missing_builtin_backend_hint_names_the_default_registry():

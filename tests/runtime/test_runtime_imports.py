@@ -1,7 +1,8 @@
 """Loading and running a program imports only what running needs: in a fresh process that
 loads and runs a portable and a fused program, neither ``torch._dynamo`` nor ``sympy`` (nor
-``mpmath``) is imported. (They once came in through a dispatch mode's dynamo-disabling wrapper
-and through torch's Python meta kernels: ~800 modules, ~0.7 s and ~80 MiB per process.)"""
+``mpmath``) is imported (they once came in through a dispatch mode's dynamo-disabling wrapper
+and through torch's Python meta kernels: ~800 modules, ~0.7 s and ~80 MiB per process), and the
+fused backend's executor only once a program delegates to it."""
 
 from __future__ import annotations
 
@@ -27,12 +28,14 @@ import torch
 from exportir.runtime import Program
 x = torch.zeros(1, 3, 12, 12)
 seq = torch.zeros(1, 5, 12)
+backend = []  # whether the fused backend was imported after each program
 for path, args in ((sys.argv[1], (x,)), (sys.argv[2], (x,)), (sys.argv[3], (seq,))):
     with open(path, "rb") as f:
         Program.load(f.read()).method("forward")(*args)
+    backend.append("exportir.runtime.backends.fused_cpu" in sys.modules)
 heavy = sorted(m for m in sys.modules
                if m.split(".")[0] in ("sympy", "mpmath") or m.startswith("torch._dynamo"))
-print(json.dumps(heavy))
+print(json.dumps([heavy, backend]))
 """
 
 
@@ -80,4 +83,7 @@ def test_a_fresh_process_running_programs_imports_no_dynamo_and_no_sympy(tmp_pat
         timeout=300, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+    heavy, backend = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert heavy == []
+    # the fused backend's executor is imported by the first program delegating to it
+    assert backend == [False, True, True]

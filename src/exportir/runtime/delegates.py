@@ -17,8 +17,8 @@ backends: those whose executors ship in :mod:`exportir.runtime.backends` (the fu
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -60,9 +60,12 @@ class DelegateRegistry:
     __slots__ = ("_backends",)
 
     def __init__(self, backends: dict[str, BackendRuntime] | None = None) -> None:
-        self._backends: dict[str, BackendRuntime] = {}
+        self._backends: dict[str, BackendRuntime | _Builtin] = {}
         for backend_id, backend in (backends or {}).items():
-            self.register(backend_id, backend)
+            if isinstance(backend, _Builtin):
+                self._backends[backend_id] = backend
+            else:
+                self.register(backend_id, backend)
 
     def register(self, backend_id: str, backend: BackendRuntime) -> None:
         """Add (or replace) the backend runtime for ``backend_id``."""
@@ -74,7 +77,10 @@ class DelegateRegistry:
         self._backends[backend_id] = backend
 
     def get(self, backend_id: str) -> BackendRuntime | None:
-        return self._backends.get(backend_id)
+        found = self._backends.get(backend_id)
+        if isinstance(found, _Builtin):  # imported on first use (see _builtin_backends)
+            found = self._backends[backend_id] = found.make()
+        return found
 
     def __contains__(self, backend_id: object) -> bool:
         return backend_id in self._backends
@@ -102,9 +108,24 @@ def default_delegate_registry() -> DelegateRegistry:
     return DelegateRegistry(dict(_builtin_backends()))
 
 
-def _builtin_backends() -> dict[str, BackendRuntime]:
-    # imported when a default registry is made (Program.load without delegates=...), not when
-    # exportir.runtime is imported
+class _Builtin:
+    """A builtin backend not imported yet: its module is imported (and the backend made) the
+    first time the registry is asked for it, so loading a program without delegates never
+    imports a backend's executor."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], BackendRuntime]) -> None:
+        self.make = make
+
+
+def _fused_cpu() -> BackendRuntime:
     from exportir.runtime.backends import fused_cpu
 
-    return {fused_cpu.BACKEND_ID: fused_cpu.FusedCpuRuntime()}
+    return fused_cpu.FusedCpuRuntime()
+
+
+def _builtin_backends() -> dict[str, Any]:
+    # backend id -> _Builtin; the ids are spelled here so that naming them imports nothing
+    # (tests/runtime/test_delegates.py checks they match the backends' own BACKEND_ID)
+    return {"FusedCpuBackend": _Builtin(_fused_cpu)}

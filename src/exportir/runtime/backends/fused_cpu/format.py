@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,9 +180,17 @@ def _constant(entry: Any, i: int, slots: int, data: memoryview) -> tuple[int, to
             f"{nbytes} bytes at offset {offset} do not hold {dims} {dtype_name} "
             f"inside the {len(data)}-byte data segment",
         )
-    raw = bytearray(data[offset : offset + nbytes])  # copied: the blob may view a mapped file
-    tensor = torch.frombuffer(raw, dtype=dtype) if nbytes else torch.empty(0, dtype=dtype)
-    return slot, tensor.reshape(dims)
+    if not nbytes:
+        return slot, torch.empty(dims, dtype=dtype)
+    # A view of the blob, not a copy: the blob views the program's bytes or its mapped file,
+    # which the loaded program keeps alive (and the tensor keeps its buffer alive). The
+    # executor never writes a constant (plan.inplace_hazard), so read-only memory is fine.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        tensor = torch.frombuffer(data, dtype=dtype, count=numel, offset=offset)
+    if tensor.data_ptr() % dtype.itemsize:  # a blob not laid out by preprocess: own copy
+        tensor = tensor.clone()
+    return slot, tensor.view(dims)
 
 
 def _header(blob: bytes | memoryview) -> tuple[dict[str, Any], memoryview]:

@@ -29,10 +29,45 @@ BATCH = 16
 EVAL = 112  # one disagreement allowed
 
 
-def _synthetic(protos: torch.Tensor, n: int, g: torch.Generator, noise: float = 0.5):
+NOISE = 0.5
+
+def _synthetic(protos: torch.Tensor, n: int, g: torch.Generator, noise: float | None = None):
+    noise = NOISE if noise is None else noise
     labels = torch.arange(n) % CLASSES
     x = protos[labels] + noise * torch.randn(n, *protos.shape[1:], generator=g)
     return x, labels
+
+
+def _fit_batch_norm(model: torch.nn.Module, x: torch.Tensor) -> None:
+    """Batch-norm running statistics estimated on ``x``, as training leaves them: with the
+    initial ones (mean 0, variance 1) a random network's activations shrink block after block
+    (efficientnet_b0's features end near 1e-6, below any int8 activation scale)."""
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # a plain average over the batches
+    model.train()
+    with torch.no_grad():
+        for batch in x.split(BATCH * 2):
+            model(batch)
+    model.eval()
+
+
+RESIDUAL_GAIN = 0.2
+
+
+def _damp_residual_branches(model: torch.nn.Module) -> None:
+    """Scale the last batch norm of every residual branch of timm's efficientnet-family blocks
+    (``has_skip``) by ``RESIDUAL_GAIN``, as zero-init-last-BN schemes start them and training
+    keeps them small. With unit-gain random branches, 16 blocks make the network chaotic: in
+    fp32, 1 % input noise flips 8 % of efficientnet_b0's decisions, and int8 (ours or
+    torchao's with ExecuTorch's XNNPACKQuantizer alike) keeps ~40 % of them."""
+    with torch.no_grad():
+        for block in model.modules():
+            if getattr(block, "has_skip", False):
+                last = block.bn3 if hasattr(block, "bn3") else block.bn2
+                last.weight.mul_(RESIDUAL_GAIN)
+                last.bias.mul_(RESIDUAL_GAIN)
 
 
 def _classifier(name: str, g: torch.Generator):
@@ -42,12 +77,16 @@ def _classifier(name: str, g: torch.Generator):
     shape = next(iter(case.kwargs.values())).shape[1:]
     protos = torch.randn(CLASSES, *shape, generator=g)
     x, y = _synthetic(protos, 120, g)
+    _fit_batch_norm(model, x)
+    _damp_residual_branches(model)
     model.reset_classifier(CLASSES)
     with torch.no_grad():
         f = model.forward_head(model.forward_features(x), pre_logits=True)
         f1 = torch.cat([f, torch.ones(len(f), 1)], 1)
         target = torch.nn.functional.one_hot(y, CLASSES).float()
-        sol = torch.linalg.solve(f1.T @ f1 + 1e-3 * torch.eye(f1.shape[1]), f1.T @ target)
+        gram = f1.T @ f1  # ridge relative to the features' energy: a head that does not
+        ridge = 1e-3 * gram.diagonal().mean()  # interpolate (and amplify) noise
+        sol = torch.linalg.solve(gram + ridge * torch.eye(f1.shape[1]), f1.T @ target)
         head = model.get_classifier()
         head.weight.copy_(sol[:-1].T)
         head.bias.copy_(sol[-1])
@@ -67,7 +106,10 @@ def _vision_case(name: str):
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
-@pytest.mark.parametrize("name", ["timm_resnet18", "timm_mobilenetv3"])
+@pytest.mark.parametrize("name", [
+    "timm_resnet18", "timm_mobilenetv3",
+    pytest.param("timm_efficientnet_b0", marks=pytest.mark.slow),
+])
 def test_int8_vision_top1_agreement(name, dynamic):
     model, calibration, x_eval, y_eval, ref = _vision_case(name)
     converted = quantize(model, calibration[0], calibration, dynamic=dynamic)

@@ -180,18 +180,19 @@ def _qconv(qx: Any, x_scale: Any, x_zp: Any, w: Any, w_scales: Any, w_zps: Any, 
            out_dtype: Any, post_op: str, post_args: Any, algorithm: str) -> torch.Tensor:
     _check_qconv(qx, w, w_scales, w_zps, bias, stride, padding, dilation, groups, out_dtype,
                  post_op, post_args)
-    if qx.dtype == torch.int8:  # oneDNN's int8 x int8 path is a slow reference (_qlinear)
-        qx, x_zp = torch.bitwise_xor(qx.contiguous().view(torch.uint8), 128), x_zp + 128
+    # oneDNN computes in NHWC: results stay channels_last (the next int8 convolution reads them
+    # as they are), inputs are made so; an int8 input is fed as uint8 (_qlinear)
+    qx = qx.contiguous(memory_format=torch.channels_last)
+    if qx.dtype == torch.int8:
+        qx, x_zp = torch.bitwise_xor(qx.view(torch.uint8), 128), x_zp + 128
     key = (float(x_scale), int(x_zp), tuple(stride), tuple(padding), tuple(dilation), groups)
     if not isinstance(w, PackedConvWeight):
         w = _pack_qconv(w, w_scales, x_scale, x_zp, stride, padding, dilation, groups)
     _require(w.key == key, "qconv_pointwise: the weight was packed for other input qparams or "
              "geometry than the call's")
-    out = torch.ops.onednn.qconv_pointwise.default(
-        qx.contiguous(memory_format=torch.channels_last), x_scale, x_zp, w.packed, w_scales,
-        w_zps, bias, list(stride), list(padding), list(dilation), groups, out_scale, out_zp,
-        out_dtype, post_op, post_args, algorithm or "")
-    return out.contiguous()
+    return torch.ops.onednn.qconv_pointwise.default(
+        qx, x_scale, x_zp, w.packed, w_scales, w_zps, bias, list(stride), list(padding),
+        list(dilation), groups, out_scale, out_zp, out_dtype, post_op, post_args, algorithm or "")
 
 
 def _prepare_qconv(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> tuple[Any, ...]:

@@ -97,7 +97,7 @@ def test_static_int8_convolutions_run_onednn_qconv(tmp_path):
 
 
 class _Convs(torch.nn.Module):
-    """Strided, dilated, grouped and depthwise 2-D convolutions, with and without relu."""
+    """Strided, dilated, grouped and depthwise 2-D convolutions, with relu, relu6 or none."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -106,7 +106,7 @@ class _Convs(torch.nn.Module):
         self.c = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+        return self.c(torch.nn.functional.relu6(self.b(torch.relu(self.a(x)))))
 
 
 def test_qconv_matches_the_eager_quantized_reference(tmp_path):
@@ -118,7 +118,7 @@ def test_qconv_matches_the_eager_quantized_reference(tmp_path):
     x = torch.randn(2, 4, 12, 12)
     converted = quantize(model, (x,), [(torch.randn(2, 4, 12, 12),) for _ in range(4)])
     program, counts = fused_program(converted, (x,), tmp_path)
-    assert counts[QCONV] == 3, counts
+    assert counts[QCONV] == 3 and counts["aten.hardtanh.default"] == 0, counts  # relu6 fused
     for _ in range(2):
         x = torch.randn(2, 4, 12, 12)
         got, ref = program.method("forward")(x), converted(x)
@@ -203,6 +203,8 @@ def test_quantized_kernels_refuse_arguments_onednn_would_misread():
         qconv(*conv[:10], 3, *conv[11:])
     with pytest.raises(QuantizedKernelError, match="padding must be two ints"):
         qconv(*conv[:8], [-1, 0], *conv[9:])
+    with pytest.raises(QuantizedKernelError, match=r"post op 'hardtanh' \[0\.0\] not"):
+        qconv(*conv[:14], "hardtanh", [0.0], "")
     with pytest.raises(QuantizedKernelError, match="packed weight"):
         KERNELS[INT4_MM].fn(torch.randn(2, 32), torch.zeros(16, 8, dtype=torch.uint8), 32,
                             torch.zeros(1, 16, 2))

@@ -162,8 +162,11 @@ def _check_qconv(qx: Any, w: Any, w_scales: Any, w_zps: Any, bias: Any, stride: 
     _require(bias is None or (isinstance(bias, torch.Tensor) and bias.numel() == o
                               and bias.dtype == torch.float32),
              f"qconv_pointwise: the bias must be float32 with {o} elements")
-    _require(out_dtype in _OUT_DTYPES and post_op in _POST_OPS and not post_args,
-             f"qconv_pointwise: output dtype {out_dtype} / post op {post_op!r} not supported")
+    clamp = post_op == "hardtanh" and isinstance(post_args, (list, tuple)) and len(
+        post_args) == 2 and all(isinstance(v, (int, float)) for v in post_args)
+    _require(out_dtype in _OUT_DTYPES and (clamp or (post_op in _POST_OPS and not post_args)),
+             f"qconv_pointwise: output dtype {out_dtype} / post op {post_op!r} "
+             f"{list(post_args or [])} not supported (none, relu, hardtanh [min, max])")
 
 
 def _pack_qconv(w: torch.Tensor, w_scales: torch.Tensor, x_scale: float, x_zp: int,

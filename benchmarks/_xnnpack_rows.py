@@ -199,6 +199,7 @@ def _gru() -> Case:
 class Model:
     name: str
     build: Callable[[], Case]
+    int8: bool = False  # static int8 (PT2E, XNNPACK's symmetric per-channel recipe) both sides
 
 
 MODELS = [
@@ -211,7 +212,54 @@ MODELS = [
     Model("mlp", _mlp),
     Model("lstm", _lstm),
     Model("gru", _gru),
+    # static int8: ours = exportir.quantization's prepare_pt2e / convert_pt2e with its
+    # XNNPACKQuantizer; theirs = torchao's with ExecuTorch's XNNPACKQuantizer; same calibration
+    Model("resnet18_int8", _resnet18, int8=True),
+    Model("mobilenet_v2_int8", _mobilenet_v2, int8=True),
+    Model("efficientnet_b0_int8", _timm("efficientnet_b0"), int8=True),
+    Model("mlp_int8", _mlp, int8=True),
 ]
+
+
+def _calibration(args: tuple) -> list[tuple]:
+    g = torch.Generator().manual_seed(1)
+    return [args, *((torch.randn(a.shape, generator=g),) for a in args for _ in range(2))]
+
+
+def ours_quantize(case: Case) -> Case:
+    import exportir
+    from exportir.quantization import (
+        XNNPACKQuantizer,
+        convert_pt2e,
+        get_symmetric_quantization_config,
+        prepare_pt2e,
+    )
+
+    module, args = case
+    with _quiet():
+        gm = exportir.export(module, args).module()
+        prepared = prepare_pt2e(gm, XNNPACKQuantizer().set_global(
+            get_symmetric_quantization_config(is_per_channel=True)))
+        for batch in _calibration(args):
+            prepared(*batch)
+        return convert_pt2e(prepared), args
+
+
+def et_quantize(case: Case) -> Case:
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    module, args = case
+    with _quiet():
+        gm = torch.export.export(module, args, strict=False).module()
+        prepared = prepare_pt2e(gm, XNNPACKQuantizer().set_global(
+            get_symmetric_quantization_config(is_per_channel=True)))
+        for batch in _calibration(args):
+            prepared(*batch)
+        return convert_pt2e(prepared), args
 
 
 def _seeded(model: Model) -> Case:
@@ -341,8 +389,13 @@ class Options:
     clock: str
 
 
-def _close(got: Any, want: torch.Tensor, what: str) -> None:
+def _close(got: Any, want: torch.Tensor, what: str, int8: bool = False) -> None:
     got = got[0] if isinstance(got, (list, tuple)) else got
+    if int8:  # quantized: close to float in direction, not elementwise
+        cos = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
+        if cos < 0.9:
+            raise RuntimeError(f"{what}: cosine with float {cos.item():.3f}")
+        return
     if not torch.allclose(got, want, rtol=1e-3, atol=1e-3):
         raise RuntimeError(f"{what}: max abs error {(got - want).abs().max().item():.3g}")
 
@@ -366,12 +419,16 @@ def measure(model: Model, opts: Options) -> Row:
     module, args = _seeded(model)
     with torch.no_grad():
         want = module(*args)
-    ours, theirs = ours_compile(_seeded(model)), et_compile(_seeded(model))
+    if model.int8:
+        ours, theirs = (ours_compile(ours_quantize(_seeded(model))),
+                        et_compile(et_quantize(_seeded(model))))
+    else:
+        ours, theirs = ours_compile(_seeded(model)), et_compile(_seeded(model))
     ours_method = Program.load(ours).method("forward")
     et_method = Runtime.get().load_program(theirs).load_method("forward")
     with torch.no_grad():
-        _close(ours_method(*args), want, "exportir fused")
-        _close(et_method.execute(list(args)), want, "ExecuTorch XNNPACK")
+        _close(ours_method(*args), want, "exportir fused", model.int8)
+        _close(et_method.execute(list(args)), want, "ExecuTorch XNNPACK", model.int8)
         module(*args)
         start = time.process_time()
         module(*args)

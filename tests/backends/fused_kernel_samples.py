@@ -282,7 +282,30 @@ SAMPLES.update({
         ((_q8(2, 16), torch.tensor([0.1], dtype=torch.float64), torch.tensor([1]), _W8,
           *_QLINEAR_TAIL, None, 1.0, 0, torch.float32, "none", [], ""), {}),
     ],
+    "onednn.qconv_pointwise.default": [
+        ((_q8(1, 4, 6, 6), 0.1, 3, torch.randint(-127, 128, (8, 4, 3, 3), dtype=torch.int8,
+                                                 generator=_GEN),
+          *_QLINEAR_TAIL, _r(8), [1, 1], [1, 1], [1, 1], 1, 0.05, -2, torch.int8, "relu", [],
+          ""), {}),
+        ((_q8(2, 8, 5, 5), 0.1, 0, torch.randint(-127, 128, (8, 1, 3, 3), dtype=torch.int8,
+                                                 generator=_GEN),
+          *_QLINEAR_TAIL, None, [2, 2], [1, 1], [1, 1], 8, 0.2, 0, torch.int8, "none", [], ""),
+         {}),
+    ],
 })  # fmt: skip
+
+
+def _reference_qconv(qx, x_scale, x_zp, w, w_scales, w_zps, bias, stride, padding, dilation,
+                     groups, out_scale, out_zp, out_dtype, post_op, post_args, algorithm):
+    """oneDNN's qconv reads its weight packed and an uint8 input; the reference packs it and
+    shifts the int8 input by 128 (the fused kernel does both itself)."""
+    qu = torch.bitwise_xor(qx.contiguous(memory_format=torch.channels_last).view(torch.uint8),
+                           128)
+    packed = torch.ops.onednn.qconv_prepack(w, w_scales, x_scale, x_zp + 128, stride, padding,
+                                            dilation, groups, None)
+    return torch.ops.onednn.qconv_pointwise.default(
+        qu, x_scale, x_zp + 128, packed, w_scales, w_zps, bias, stride, padding, dilation,
+        groups, out_scale, out_zp, out_dtype, post_op, post_args, algorithm)
 
 
 def _packed_qlinear(op):
@@ -338,4 +361,5 @@ REFERENCES = {
     "aten.gru.input": _no_grad(torch.ops.aten.gru.input),
     "onednn.qlinear_pointwise.default": _packed_qlinear(torch.ops.onednn.qlinear_pointwise.default),
     "onednn.qlinear_pointwise.tensor": _packed_qlinear(torch.ops.onednn.qlinear_pointwise.tensor),
+    "onednn.qconv_pointwise.default": _reference_qconv,
 }

@@ -29,10 +29,45 @@ BATCH = 16
 EVAL = 112  # one disagreement allowed
 
 
-def _synthetic(protos: torch.Tensor, n: int, g: torch.Generator, noise: float = 0.5):
+NOISE = 0.5
+
+def _synthetic(protos: torch.Tensor, n: int, g: torch.Generator, noise: float | None = None):
+    noise = NOISE if noise is None else noise
     labels = torch.arange(n) % CLASSES
     x = protos[labels] + noise * torch.randn(n, *protos.shape[1:], generator=g)
     return x, labels
+
+
+def _fit_batch_norm(model: torch.nn.Module, x: torch.Tensor) -> None:
+    """Batch-norm running statistics estimated on ``x``, as training leaves them: with the
+    initial ones (mean 0, variance 1) a random network's activations shrink block after block
+    (efficientnet_b0's features end near 1e-6, below any int8 activation scale)."""
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # a plain average over the batches
+    model.train()
+    with torch.no_grad():
+        for batch in x.split(BATCH * 2):
+            model(batch)
+    model.eval()
+
+
+RESIDUAL_GAIN = 0.2
+
+
+def _damp_residual_branches(model: torch.nn.Module) -> None:
+    """Scale the last batch norm of every residual branch of timm's efficientnet-family blocks
+    (``has_skip``) by ``RESIDUAL_GAIN``, as zero-init-last-BN schemes start them and training
+    keeps them small. With unit-gain random branches, 16 blocks make the network chaotic: in
+    fp32, 1 % input noise flips 8 % of efficientnet_b0's decisions, and int8 (ours or
+    torchao's with ExecuTorch's XNNPACKQuantizer alike) keeps ~40 % of them."""
+    with torch.no_grad():
+        for block in model.modules():
+            if getattr(block, "has_skip", False):
+                last = block.bn3 if hasattr(block, "bn3") else block.bn2
+                last.weight.mul_(RESIDUAL_GAIN)
+                last.bias.mul_(RESIDUAL_GAIN)
 
 
 def _classifier(name: str, g: torch.Generator):
@@ -42,12 +77,16 @@ def _classifier(name: str, g: torch.Generator):
     shape = next(iter(case.kwargs.values())).shape[1:]
     protos = torch.randn(CLASSES, *shape, generator=g)
     x, y = _synthetic(protos, 120, g)
+    _fit_batch_norm(model, x)
+    _damp_residual_branches(model)
     model.reset_classifier(CLASSES)
     with torch.no_grad():
         f = model.forward_head(model.forward_features(x), pre_logits=True)
         f1 = torch.cat([f, torch.ones(len(f), 1)], 1)
         target = torch.nn.functional.one_hot(y, CLASSES).float()
-        sol = torch.linalg.solve(f1.T @ f1 + 1e-3 * torch.eye(f1.shape[1]), f1.T @ target)
+        gram = f1.T @ f1  # ridge relative to the features' energy: a head that does not
+        ridge = 1e-3 * gram.diagonal().mean()  # interpolate (and amplify) noise
+        sol = torch.linalg.solve(gram + ridge * torch.eye(f1.shape[1]), f1.T @ target)
         head = model.get_classifier()
         head.weight.copy_(sol[:-1].T)
         head.bias.copy_(sol[-1])
@@ -67,7 +106,10 @@ def _vision_case(name: str):
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
-@pytest.mark.parametrize("name", ["timm_resnet18", "timm_mobilenetv3"])
+@pytest.mark.parametrize("name", [
+    "timm_resnet18", "timm_mobilenetv3",
+    pytest.param("timm_efficientnet_b0", marks=pytest.mark.slow),
+])
 def test_int8_vision_top1_agreement(name, dynamic):
     model, calibration, x_eval, y_eval, ref = _vision_case(name)
     converted = quantize(model, calibration[0], calibration, dynamic=dynamic)
@@ -103,10 +145,8 @@ def test_llm_weight_only_logits(tmp_path, name, config, kernel, bound):
                                atol=1e-5)
 
 
-@pytest.mark.parametrize(("group_size", "bound"), [(64, 0.99), (128, 0.985)])
-def test_llm_int4_group_sizes(tmp_path, group_size, bound):
-    """A wider Llama (hidden 128): groups of 64 meet the issue's 0.99; one group of 128 per row
-    reaches 0.989 (measured; docs/quantization.md)."""
+def _wide_llama():
+    """A wider Llama (hidden 128, one layer) and its input: groups of 128 are whole rows."""
     import transformers
 
     torch.manual_seed(0)
@@ -116,12 +156,48 @@ def test_llm_int4_group_sizes(tmp_path, group_size, bound):
                                       use_cache=False)
     model = transformers.LlamaForCausalLM(config).eval()
     ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(1))
+    return model, ids
+
+
+def _not_lm_head(module: torch.nn.Module, fqn: str) -> bool:
+    return fqn != "lm_head"
+
+
+@pytest.mark.parametrize(("group_size", "bound"), [(64, 0.99), (128, 0.99)])
+def test_llm_int4_group_sizes(tmp_path, group_size, bound):
+    """int4 decoder linears with the output projection (lm_head) in int8, as llama.cpp's Q4 and
+    similar recipes keep it: issue 12's 0.99 for groups of 64 and 128. (Quantizing lm_head to
+    int4 too costs 0.005 on its own: 0.989-0.990 with groups of 128, at what any 16-level grid
+    per 128 Gaussian weights reaches; docs/quantization.md.)"""
+    model, ids = _wide_llama()
     with torch.no_grad():
         ref = model(input_ids=ids).logits
-        quantize_(model, int4_weight_only(group_size))
+        quantize_(model, int4_weight_only(group_size), filter_fn=_not_lm_head)
+        quantize_(model, int8_weight_only())
         got = model(input_ids=ids).logits
     assert bound <= _cosine(ref, got) < 1.0
     program, counts = fused_program(model, (), tmp_path, input_ids=ids)
-    assert counts[INT4_MM] == 8, counts  # 7 linears + lm_head
+    assert counts[INT4_MM] == 7 and counts[INT8_MM] == 1, counts  # 7 linears + lm_head
     torch.testing.assert_close(program.method("forward")(input_ids=ids)[0], got, rtol=1e-4,
                                atol=1e-5)
+
+
+def test_int4_weight_error_not_above_torchaos_tinygemm():
+    """Our int4 grid (float zero points, range searched for the least squared error) against
+    torchao's tinygemm choice (min / max range, float zero point) on the same weights: ours
+    reconstructs every linear of the wide Llama with less squared error."""
+    qp = pytest.importorskip("torchao.quantization.quant_primitives")
+    model, _ = _wide_llama()
+    linears = {f: m.weight.detach().clone() for f, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear)}
+    quantize_(model, int4_weight_only(128))
+    for fqn, w in linears.items():
+        ours = model.get_submodule(fqn).dequantized_weight()
+        args = (w, (1, 128))
+        s, z = qp._choose_qparams_affine_tinygemm(*args[:1], qp.MappingType.ASYMMETRIC, args[1],
+                                                  torch.int32, 0, 15, 1e-6, torch.float32,
+                                                  torch.float32)
+        q = qp._quantize_affine_tinygemm(w, (1, 128), s, z, torch.int32, 0, 15)
+        theirs = qp._dequantize_affine_tinygemm(q, (1, 128), s, z, torch.int32, 0, 15,
+                                                output_dtype=torch.float32)
+        assert (ours - w).square().sum() < 0.97 * (theirs - w).square().sum(), fqn

@@ -74,14 +74,57 @@ def test_dynamic_int8_linear_runs_onednn_qlinear_with_runtime_qparams(tmp_path):
                                atol=1e-5)
 
 
-def test_convolutions_keep_their_float_kernel_with_quantized_activations(tmp_path):
+QCONV = "onednn.qconv_pointwise.default"
+
+
+def test_static_int8_convolutions_run_onednn_qconv(tmp_path):
+    """conv-bn-relu and conv (+ residual add) become oneDNN's int8 convolution (relu fused),
+    the float convolution and the weight's dequantize gone; the program computes what the
+    quantized graph computes (int8 results may differ by a rounding step: oneDNN accumulates
+    in int32 and requantizes once)."""
     model = conv_net()
     x = torch.randn(2, 3, 8, 8)
     converted = quantize(model, (x,), [(torch.randn(2, 3, 8, 8),) for _ in range(4)])
     program, counts = fused_program(converted, (x,), tmp_path)
-    assert counts[QLINEAR] == 2, counts
-    assert counts["quantized_decomposed.dequantize_per_channel.default"] == 0, counts  # folded
-    torch.testing.assert_close(program.method("forward")(x), converted(x), rtol=0, atol=1e-5)
+    assert counts[QCONV] == 2 and counts[QLINEAR] == 2, counts
+    float_convs = [n for n in counts if "convolution" in n]
+    assert not float_convs, counts
+    assert counts["quantized_decomposed.dequantize_per_channel.default"] == 0, counts
+    for _ in range(3):
+        x = torch.randn(2, 3, 8, 8)
+        torch.testing.assert_close(program.method("forward")(x), converted(x), rtol=0,
+                                   atol=0.05)
+
+
+class _Convs(torch.nn.Module):
+    """Strided, dilated, grouped and depthwise 2-D convolutions, with relu, relu6 or none."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Conv2d(4, 8, 3, stride=2, padding=1)
+        self.b = torch.nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=2)
+        self.c = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(torch.nn.functional.relu6(self.b(torch.relu(self.a(x)))))
+
+
+def test_qconv_matches_the_eager_quantized_reference(tmp_path):
+    """Each int8 convolution against torch's eager quantized reference: the reference's
+    ``quantize(conv(dequantize(qx), dequantize(W8)))`` on the same int8 input, compared in
+    int8 steps (at most one step off, on few elements)."""
+    torch.manual_seed(6)
+    model = _Convs().eval()
+    x = torch.randn(2, 4, 12, 12)
+    converted = quantize(model, (x,), [(torch.randn(2, 4, 12, 12),) for _ in range(4)])
+    program, counts = fused_program(converted, (x,), tmp_path)
+    assert counts[QCONV] == 3 and counts["aten.hardtanh.default"] == 0, counts  # relu6 fused
+    for _ in range(2):
+        x = torch.randn(2, 4, 12, 12)
+        got, ref = program.method("forward")(x), converted(x)
+        scale = (ref.max() - ref.min()) / 255
+        steps = ((got - ref).abs() / scale).round()
+        assert steps.max() <= 1 and (steps > 0).float().mean() < 0.05, steps.max()
 
 
 @pytest.mark.parametrize(("config", "kernel"), [(int8_weight_only(), INT8_MM),
@@ -143,6 +186,25 @@ def test_quantized_kernels_refuse_arguments_onednn_would_misread():
         qlinear(*good[:3], w.float(), *good[4:])
     with pytest.raises(QuantizedKernelError, match="int8 weight"):
         KERNELS[INT8_MM].fn(torch.randn(2, 16), w, torch.ones(7))
+    qconv = KERNELS[QCONV].fn
+    w4 = torch.randint(-127, 127, (8, 4, 3, 3), dtype=torch.int8)
+    conv = (torch.zeros(1, 4, 6, 6, dtype=torch.int8), 0.1, 0, w4, torch.ones(8),
+            torch.zeros(8, dtype=torch.int64), None, [1, 1], [1, 1], [1, 1], 1, 1.0, 0,
+            torch.int8, "relu", [], "")
+    assert qconv(*conv).shape == (1, 8, 6, 6)
+    with pytest.raises(QuantizedKernelError, match=r"int8 / uint8 \[N, 4, H, W\]"):
+        qconv(torch.zeros(1, 3, 6, 6, dtype=torch.int8), *conv[1:])
+    with pytest.raises(QuantizedKernelError, match="smaller than the kernel"):
+        qconv(torch.zeros(1, 4, 1, 1, dtype=torch.int8), *conv[1:7], [1, 1], [0, 0],
+              *conv[9:])
+    with pytest.raises(QuantizedKernelError, match="w_scale must have 8 elements"):
+        qconv(*conv[:4], torch.ones(7), *conv[5:])
+    with pytest.raises(QuantizedKernelError, match="groups 3 do not fit"):
+        qconv(*conv[:10], 3, *conv[11:])
+    with pytest.raises(QuantizedKernelError, match="padding must be two ints"):
+        qconv(*conv[:8], [-1, 0], *conv[9:])
+    with pytest.raises(QuantizedKernelError, match=r"post op 'hardtanh' \[0\.0\] not"):
+        qconv(*conv[:14], "hardtanh", [0.0], "")
     with pytest.raises(QuantizedKernelError, match="packed weight"):
         KERNELS[INT4_MM].fn(torch.randn(2, 32), torch.zeros(16, 8, dtype=torch.uint8), 32,
                             torch.zeros(1, 16, 2))

@@ -10,8 +10,9 @@ backends lower to torch's CPU kernels (``aten._weight_int8pack_mm``,
 - :class:`Int8WeightOnlyConfig` (``int8_weight_only()``): int8, symmetric, one scale per
   output channel (``dequantize_per_channel``);
 - :class:`Int4WeightOnlyConfig` (``int4_weight_only(group_size=128)``): 4-bit values
-  ``[0, 15]`` (stored one per uint8) with a scale and zero point per group of ``group_size``
-  input channels (``dequantize_per_channel_group``).
+  ``[0, 15]`` (stored one per uint8) with a scale and a float zero point per group of
+  ``group_size`` input channels (``dequantize_per_channel_group``), chosen for the least squared
+  error.
 """
 
 from __future__ import annotations
@@ -69,33 +70,46 @@ def _int8(weight: torch.Tensor) -> dict[str, torch.Tensor]:
                                                                              dtype=torch.int64)}
 
 
-# fractions of a group's range tried for int4 (the one with the least squared error wins):
-# clipping a few outliers buys resolution for every other weight
-_INT4_SHRINK = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
+# fractions of a group's minimum and of its maximum tried for int4 (each pair; the one with the
+# least squared error wins): clipping a few outliers buys resolution for every other weight
+_INT4_SHRINK = (1.0, 0.95, 0.9, 0.85, 0.8)
+_INT4_CHUNK = 1 << 22  # weights searched at once (bounds the search's temporaries)
 
 
-def _int4_with(groups: torch.Tensor, shrink: float) -> tuple[torch.Tensor, ...]:
-    lo, hi = groups.amin(-1) * shrink, groups.amax(-1) * shrink  # the group's own range
-    scales = torch.clamp((hi - lo) / 15, min=torch.finfo(torch.float32).eps)
-    zeros = torch.clamp(torch.round(-lo / scales), 0, 15)
-    q = torch.clamp(torch.round(groups / scales[..., None]) + zeros[..., None], 0, 15)
-    error = ((q - zeros[..., None]) * scales[..., None] - groups).square().sum(-1)
-    return q, scales, zeros, error
+def _int4_search(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(scales, lows)`` of each group ``[..., group_size]``: the grid ``low + scale * [0, 15]``
+    with the least squared error among the shrunk ranges ``[lo * a, hi * b]``."""
+    lo0, hi0 = groups.amin(-1), groups.amax(-1)
+    best = None
+    for a in _INT4_SHRINK:
+        for b in _INT4_SHRINK:
+            lo = lo0 * a
+            scales = torch.clamp((hi0 * b - lo) / 15, min=torch.finfo(torch.float32).eps)
+            q = torch.clamp(torch.round((groups - lo[..., None]) / scales[..., None]), 0, 15)
+            error = torch.addcmul(lo[..., None], q, scales[..., None]).sub_(groups)
+            error = error.square_().sum(-1)
+            if best is None:
+                best = [error, scales, lo]
+                continue
+            better = error < best[0]
+            best = [torch.where(better, new, old) for new, old in zip((error, scales, lo), best)]
+    return best[1], best[2]
 
 
 def _int4(weight: torch.Tensor, group_size: int) -> dict[str, torch.Tensor]:
+    """4-bit values, scales and float zero points (``dequant = (q - zero) * scale``: the grid
+    need not hold 0, as in tinygemm's ``_weight_int4pack_mm`` whose zeros are float)."""
     w = weight.detach().float()
     n, k = w.shape
-    groups = w.reshape(n, k // group_size, group_size)
-    q, scales, zeros, error = _int4_with(groups, _INT4_SHRINK[0])
-    for shrink in _INT4_SHRINK[1:]:
-        q2, s2, z2, e2 = _int4_with(groups, shrink)
-        better = e2 < error
-        q = torch.where(better[..., None], q2, q)
-        scales, zeros, error = (torch.where(better, a, b) for a, b in
-                                ((s2, scales), (z2, zeros), (e2, error)))
-    return {"weight_q": q.reshape(n, k).to(torch.uint8), "scales": scales,
-            "zero_points": zeros.to(torch.int64)}
+    groups = w.reshape(n * k // group_size, group_size)
+    rows = max(1, _INT4_CHUNK // group_size)
+    parts = [_int4_search(chunk) for chunk in groups.split(rows)]
+    scales = torch.cat([p[0] for p in parts])
+    lows = torch.cat([p[1] for p in parts])
+    q = torch.clamp(torch.round((groups - lows[:, None]) / scales[:, None]), 0, 15)
+    return {"weight_q": q.reshape(n, k).to(torch.uint8),
+            "scales": scales.reshape(n, k // group_size),
+            "zero_points": (-lows / scales).reshape(n, k // group_size)}
 
 
 class WeightOnlyLinear(torch.nn.Module):

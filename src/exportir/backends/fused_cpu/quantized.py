@@ -5,6 +5,10 @@ Keyed on the ``linear`` the generic rewrites rebuild from ``addmm`` / ``mm``:
 - **static int8** -- ``quantize_per_tensor(linear(dequantize_per_tensor(qx), dequantize_per_
   channel(W8), b))``, with an optional ``relu`` before the quantize, becomes
   ``onednn.qlinear_pointwise(qx, ..., W8, ...)`` writing int8 (post op ``relu``);
+- **static int8 convolution** -- ``quantize_per_tensor(convolution(dequantize_per_tensor(qx),
+  dequantize_per_channel(W8), b))`` (2-D, not transposed), with an optional ``relu`` before the
+  quantize (or a ``hardtanh``: ``relu6``), becomes ``onednn.qconv_pointwise(qx, ..., W8, ...)``
+  writing int8 (post op ``relu`` / ``hardtanh``); the weight is packed at load (``onednn.qconv_prepack``);
 - **dynamic int8** -- ``linear(dequantize_per_tensor.tensor(qx, scale, zp), dequantize_per_
   channel(W8), b)`` becomes ``onednn.qlinear_pointwise.tensor`` writing float32;
 - **weight-only int4** -- ``linear(x, dequantize_per_channel_group(W4, s, z, 0, 15, ...))``
@@ -38,8 +42,10 @@ _DQ_C = _QD + "dequantize_per_channel.default"
 _DQ_G = _QD + "dequantize_per_channel_group.default"
 _Q_T = _QD + "quantize_per_tensor.default"
 _RELU = "aten.relu.default"
+_HARDTANH = "aten.hardtanh.default"
 _QLINEAR = "onednn.qlinear_pointwise.default"
 _QLINEAR_T = "onednn.qlinear_pointwise.tensor"
+_QCONV = "onednn.qconv_pointwise.default"
 _INT8_MM = "aten._weight_int8pack_mm.default"
 _INT4_MM = "aten._weight_int4pack_mm_for_cpu.default"
 
@@ -56,15 +62,16 @@ def _float32(v: Any) -> bool:
     return isinstance(v, Value) and v.dtype == torch.float32
 
 
-def _int8_weight(g: Graph, w: Any) -> tuple[Op, torch.Tensor, torch.Tensor] | None:
-    """``(dequantize op, int8 weight [N, K], float32 scales [N])`` of a constant weight
-    quantized symmetrically per output channel, else None."""
+def _int8_weight(g: Graph, w: Any, dims: int = 2
+                 ) -> tuple[Op, torch.Tensor, torch.Tensor] | None:
+    """``(dequantize op, int8 weight [N, K] (or [N, C, kH, kW]: ``dims``), float32 scales
+    [N])`` of a constant weight quantized symmetrically per output channel, else None."""
     dq = g.producer(w, _DQ_C) if isinstance(w, Value) else None
     if dq is None or dq.kwargs.get("out_dtype") not in (None, torch.float32):
         return None
     wq, scales, zps, axis, _, _, dtype = dq.args
     q, s, z = _known(wq), _known(scales), _known(zps)
-    if q is None or s is None or axis != 0 or dtype != torch.int8 or q.dim() != 2:
+    if q is None or s is None or axis != 0 or dtype != torch.int8 or q.dim() != dims:
         return None
     if zps is not None and (z is None or bool(z.any())):
         return None
@@ -75,20 +82,29 @@ def _bias_ok(b: Any) -> bool:
     return b is None or _float32(b)
 
 
-def _quantize_after(g: Graph, op: Op) -> tuple[str, list[Op], Op] | None:
-    """``(post op, ops absorbed, the int8 quantize)`` reading ``op``'s result, else None."""
+def _quantize_after(g: Graph, op: Op, clamps: bool = False
+                    ) -> tuple[str, list[Op], Op, list[float]] | None:
+    """``(post op, ops absorbed, the int8 quantize, post op scalars)`` reading ``op``'s
+    result, else None; ``clamps``: a ``hardtanh`` (``relu6``) may come before the quantize."""
     reader = g.only_reader(op.out)
     absorbed = []
-    post = "none"
+    post, scalars = "none", []
     if reader is not None and reader.name == _RELU:
         post, absorbed = "relu", [reader]
+        reader = g.only_reader(reader.out)
+    elif clamps and reader is not None and reader.name == _HARDTANH and not reader.kwargs:
+        lo = reader.args[1] if len(reader.args) > 1 else -1.0  # hardtanh's defaults
+        hi = reader.args[2] if len(reader.args) > 2 else 1.0
+        if not all(isinstance(v, (int, float)) for v in (lo, hi)):
+            return None
+        post, absorbed, scalars = "hardtanh", [reader], [float(lo), float(hi)]
         reader = g.only_reader(reader.out)
     if reader is None or reader.name != _Q_T:
         return None
     qmin, qmax, dtype = reader.args[3:6]
     if (dtype, qmin, qmax) != (torch.int8, -128, 127):
         return None
-    return post, [*absorbed, reader], reader
+    return post, [*absorbed, reader], reader, scalars
 
 
 def _replace(g: Graph, old: Op, new: Op) -> None:
@@ -107,7 +123,7 @@ def qlinear_static(g: Graph, op: Op) -> bool:
     if x_dtype != torch.int8 or dq_x.kwargs.get("out_dtype") not in (None, torch.float32):
         return False
     _, wq, ws = weight
-    post, absorbed, q = tail
+    post, absorbed, q, _ = tail
     n = wq.shape[0]
     args = [qx, x_scale, x_zp, _const(wq, f"{op.out.name}_w8"), _const(ws, f"{op.out.name}_ws"),
             _const(torch.zeros(n, dtype=torch.int64), f"{op.out.name}_wz"), b, q.args[1],
@@ -132,6 +148,48 @@ def qlinear_dynamic(g: Graph, op: Op) -> bool:
             _const(torch.zeros(n, dtype=torch.int64), f"{op.out.name}_wz"), b, 1.0, 0,
             torch.float32, "none", [], ""]
     _replace(g, op, Op(_QLINEAR_T, args, {}, op.outs, False, op.nodes))
+    return True
+
+
+def _int8_activation(g: Graph, x: Any) -> Op | None:
+    """The ``dequantize_per_tensor`` of an int8 activation computing ``x``, else None."""
+    dq_x = g.producer(x, _DQ_T)
+    if dq_x is None or dq_x.args[5] != torch.int8 or dq_x.kwargs.get("out_dtype") not in (
+            None, torch.float32):
+        return None
+    return dq_x
+
+
+def _conv_params(op: Op) -> tuple[list[int], list[int], list[int], int] | None:
+    """``(stride, padding, dilation, groups)`` of a 2-D, not transposed convolution."""
+    x, _w, _b, stride, padding, dilation, transposed, _out_pad, groups = op.args
+    shape = static_shape(x)
+    if shape is None or len(shape) != 4 or transposed or op.kwargs:
+        return None
+    stride, padding, dilation = ([*p] * 2 if len(p) == 1 else [*p]
+                                 for p in (stride, padding, dilation))
+    if not all(len(p) == 2 for p in (stride, padding, dilation)):
+        return None
+    return stride, padding, dilation, groups
+
+
+def qconv_static(g: Graph, op: Op) -> bool:
+    x, w, b = op.args[:3]
+    params = _conv_params(op)
+    dq_x = _int8_activation(g, x)
+    weight = _int8_weight(g, w, dims=4)
+    tail = _quantize_after(g, op, clamps=True)
+    if params is None or dq_x is None or weight is None or tail is None or not _bias_ok(b):
+        return False
+    qx, x_scale, x_zp = dq_x.args[:3]
+    _, wq, ws = weight
+    post, absorbed, q, scalars = tail
+    n = wq.shape[0]
+    args = [qx, x_scale, x_zp, _const(wq, f"{op.out.name}_w8"), _const(ws, f"{op.out.name}_ws"),
+            _const(torch.zeros(n, dtype=torch.int64), f"{op.out.name}_wz"), b, *params,
+            q.args[1], q.args[2], torch.int8, post, scalars, ""]
+    nodes = (*op.nodes, *(o for a in absorbed for o in a.nodes))
+    _replace(g, q, Op(_QCONV, args, {}, q.outs, False, nodes))
     return True
 
 
@@ -207,4 +265,7 @@ _LINEAR_RULES = tuple(
     if kernel in OPS
 )
 
-QUANT_RULES: dict[str, tuple[Any, ...]] = {"aten.linear.default": _LINEAR_RULES}
+QUANT_RULES: dict[str, tuple[Any, ...]] = {
+    "aten.linear.default": _LINEAR_RULES,
+    "aten.convolution.default": (qconv_static,) if _QCONV in OPS else (),
+}

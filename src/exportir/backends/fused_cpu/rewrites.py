@@ -374,6 +374,7 @@ RULES: dict[str, tuple[Rule, ...]] = {
     "aten.linear.default": (
         *QUANT_RULES["aten.linear.default"], permute_after_linear, linear_unflatten,
     ),
+    "aten.convolution.default": QUANT_RULES["aten.convolution.default"],  # before folding
     "aten._native_batch_norm_legit_no_training.default": (conv_bn,),
     "aten.max_pool2d_with_indices.default": (max_pool2d,),
     "aten.mul.Tensor": (silu,),

@@ -7,6 +7,8 @@
   run time): oneDNN's int8 linear. A constant int8 weight is packed once, at load; the kernel
   checks what it is given (oneDNN reads unchecked memory when shapes disagree) and packs a
   weight that is not packed yet;
+- ``onednn.qconv_pointwise`` (static qparams): oneDNN's int8 2-D convolution, int8 in and
+  out, its weight packed once at load (``onednn.qconv_prepack``), checked the same way;
 - ``aten._weight_int8pack_mm`` / ``aten._weight_int4pack_mm_for_cpu``: torch's weight-only
   int8 / int4 matrix products, checked the same way. Their speed depends on the activation
   dtype and the shape: for float32 activations they are 4-30x slower than the product with the
@@ -122,6 +124,96 @@ def _qlinear(op: Any) -> Callable[..., Any]:
                   out_dtype, post_op, post_args, algorithm)
 
     return run
+
+
+@dataclass(frozen=True, slots=True)
+class PackedConvWeight:
+    """An int8 convolution weight ``[O, C / groups, kH, kW]`` in oneDNN's packed form (made at
+    load for the program's stride / padding / dilation / groups and input qparams)."""
+
+    packed: torch.Tensor
+    shape: tuple[int, ...]
+    key: tuple[Any, ...]
+
+
+def _check_qconv(qx: Any, w: Any, w_scales: Any, w_zps: Any, bias: Any, stride: Any,
+                 padding: Any, dilation: Any, groups: Any, out_dtype: Any, post_op: Any,
+                 post_args: Any) -> None:
+    shape = w.shape if isinstance(w, PackedConvWeight) else getattr(w, "shape", ())
+    _require(isinstance(w, PackedConvWeight) or (
+        isinstance(w, torch.Tensor) and w.dtype == torch.int8 and not w.is_mkldnn),
+        "qconv_pointwise: the weight must be an int8 tensor [O, C / groups, kH, kW]")
+    _require(len(shape) == 4 and all(d > 0 for d in shape) and isinstance(groups, int)
+             and groups > 0 and shape[0] % groups == 0,
+             f"qconv_pointwise: weight shape {list(shape)} / groups {groups} do not fit")
+    o, c = shape[0], shape[1] * groups
+    _require(isinstance(qx, torch.Tensor) and qx.dtype in (torch.int8, torch.uint8)
+             and qx.dim() == 4 and qx.shape[1] == c and qx.numel() > 0,
+             f"qconv_pointwise: the input must be int8 / uint8 [N, {c}, H, W]")
+    for name, p, least in (("stride", stride, 1), ("padding", padding, 0),
+                           ("dilation", dilation, 1)):
+        _require(isinstance(p, (list, tuple)) and len(p) == 2
+                 and all(isinstance(v, int) and v >= least for v in p),
+                 f"qconv_pointwise: {name} must be two ints >= {least}")
+    for k in range(2):
+        span = dilation[k] * (shape[2 + k] - 1) + 1
+        _require(qx.shape[2 + k] + 2 * padding[k] >= span,
+                 f"qconv_pointwise: the input {list(qx.shape)} is smaller than the kernel")
+    for name, t in (("w_scale", w_scales), ("w_zero_point", w_zps)):
+        _require(isinstance(t, torch.Tensor) and t.dim() == 1 and t.numel() == o,
+                 f"qconv_pointwise: {name} must have {o} elements")
+    _require(bias is None or (isinstance(bias, torch.Tensor) and bias.numel() == o
+                              and bias.dtype == torch.float32),
+             f"qconv_pointwise: the bias must be float32 with {o} elements")
+    clamp = post_op == "hardtanh" and isinstance(post_args, (list, tuple)) and len(
+        post_args) == 2 and all(isinstance(v, (int, float)) for v in post_args)
+    _require(out_dtype in _OUT_DTYPES and (clamp or (post_op in _POST_OPS and not post_args)),
+             f"qconv_pointwise: output dtype {out_dtype} / post op {post_op!r} "
+             f"{list(post_args or [])} not supported (none, relu, hardtanh [min, max])")
+
+
+def _pack_qconv(w: torch.Tensor, w_scales: torch.Tensor, x_scale: float, x_zp: int,
+                stride: Any, padding: Any, dilation: Any, groups: int) -> PackedConvWeight:
+    key = (float(x_scale), int(x_zp), tuple(stride), tuple(padding), tuple(dilation), groups)
+    packed = torch.ops.onednn.qconv_prepack(w.contiguous(), w_scales.float(), key[0], key[1],
+                                            list(stride), list(padding), list(dilation), groups,
+                                            None)
+    return PackedConvWeight(packed, tuple(w.shape), key)
+
+
+def _qconv(qx: Any, x_scale: Any, x_zp: Any, w: Any, w_scales: Any, w_zps: Any, bias: Any,
+           stride: Any, padding: Any, dilation: Any, groups: Any, out_scale: float, out_zp: int,
+           out_dtype: Any, post_op: str, post_args: Any, algorithm: str) -> torch.Tensor:
+    _check_qconv(qx, w, w_scales, w_zps, bias, stride, padding, dilation, groups, out_dtype,
+                 post_op, post_args)
+    # oneDNN computes in NHWC: results stay channels_last (the next int8 convolution reads them
+    # as they are), inputs are made so; an int8 input is fed as uint8 (_qlinear)
+    qx = qx.contiguous(memory_format=torch.channels_last)
+    if qx.dtype == torch.int8:
+        qx, x_zp = torch.bitwise_xor(qx.view(torch.uint8), 128), x_zp + 128
+    key = (float(x_scale), int(x_zp), tuple(stride), tuple(padding), tuple(dilation), groups)
+    if not isinstance(w, PackedConvWeight):
+        w = _pack_qconv(w, w_scales, x_scale, x_zp, stride, padding, dilation, groups)
+    _require(w.key == key, "qconv_pointwise: the weight was packed for other input qparams or "
+             "geometry than the call's")
+    return torch.ops.onednn.qconv_pointwise.default(
+        qx, x_scale, x_zp, w.packed, w_scales, w_zps, bias, list(stride), list(padding),
+        list(dilation), groups, out_scale, out_zp, out_dtype, post_op, post_args, algorithm or "")
+
+
+def _prepare_qconv(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> tuple[Any, ...]:
+    weight, scales = constant(args[3]), constant(args[4])
+    if weight is None or scales is None or not _MKLDNN or not isinstance(args[1], float):
+        return args
+    x_zp = args[2] + 128  # the kernel feeds an int8 input as uint8 (_qconv)
+    try:
+        _check_qconv(torch.empty(1, weight.shape[1] * args[10], *[
+            d * (k - 1) + 1 for d, k in zip(args[9], weight.shape[2:])], dtype=torch.int8),
+            weight, scales, constant(args[5]), None, *args[7:11], *args[13:16])
+        packed = _pack_qconv(weight, scales, args[1], x_zp, *args[7:11])
+    except (QuantizedKernelError, RuntimeError, TypeError, IndexError):
+        return args  # the kernel refuses it when it runs
+    return (*args[:3], packed, *args[4:])
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,3 +383,5 @@ if _MKLDNN and hasattr(torch.ops.onednn, "qlinear_pointwise"):
         _qlinear(torch.ops.onednn.qlinear_pointwise.default), _prepare_qlinear)
     QUANTIZED_KERNEL_FNS["onednn.qlinear_pointwise.tensor"] = (
         _qlinear(torch.ops.onednn.qlinear_pointwise.tensor), _prepare_qlinear)
+if _MKLDNN and hasattr(torch.ops.onednn, "qconv_pointwise"):
+    QUANTIZED_KERNEL_FNS["onednn.qconv_pointwise.default"] = (_qconv, _prepare_qconv)

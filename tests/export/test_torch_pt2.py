@@ -13,7 +13,6 @@ import pickle
 import subprocess
 import sys
 import warnings
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import pytest
 import torch
 import torch.export as texport
 from corpus import export_models as em
+from pt2_members import members, zip_members
 
 import exportir
 from exportir.export.serialize import SerializationError
@@ -257,18 +257,7 @@ def test_torch_pt2_real_transformers_model_dynamic():
 # --------------------------------------------------------------------------- hostile files
 
 
-def _members(buf: io.BytesIO) -> dict[str, bytes]:
-    with zipfile.ZipFile(buf) as zf:
-        return {n: zf.read(n) for n in zf.namelist()}
-
-
-def _zip(members: dict[str, bytes]) -> io.BytesIO:
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w") as zf:
-        for n, d in members.items():
-            zf.writestr(n, d)
-    out.seek(0)
-    return out
+_members, _zip = members, zip_members
 
 
 def _small_pt2() -> dict[str, bytes]:

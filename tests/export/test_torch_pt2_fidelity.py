@@ -12,6 +12,7 @@ import zipfile
 import pytest
 import torch
 import torch.export as texport
+from pt2_members import members, zip_members
 
 import exportir
 from exportir.export.serialize import SerializationError
@@ -150,18 +151,7 @@ def test_hostile_range_keys_are_refused(text, match):
         parse_range_key(text, "k")
 
 
-def _members(buf: io.BytesIO) -> dict[str, bytes]:
-    with zipfile.ZipFile(buf) as zf:
-        return {n: zf.read(n) for n in zf.namelist()}
-
-
-def _zip(members: dict[str, bytes]) -> io.BytesIO:
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w") as zf:
-        for name, data in members.items():
-            zf.writestr(name, data)
-    out.seek(0)
-    return out
+_members, _zip = members, zip_members
 
 
 def _edit_ranges(edit) -> io.BytesIO:

@@ -27,7 +27,9 @@ _INTERNAL = ("/torch/", "/exportir/", "/sympy/", "<frozen", "/contextlib.py", "/
 # torch ships example programs (ExportDB): they are user code, not torch's implementation
 _NOT_INTERNAL = ("/torch/_export/db/examples/",)
 _LIBRARY = ("/site-packages/", "/dist-packages/")
-_SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+# torch's symbolic scalar types (each wraps a SymNode); shared by capture and control flow
+SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+_SYM_TYPES = SYM_TYPES
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,12 +33,12 @@ import torch
 from exportir import pytree
 from exportir.export.capture._real_values import RealValues
 from exportir.export.capture.fake import fake_like
+from exportir.symbolic.data_dependent import SYM_TYPES as _SYM_TYPES
 
 if TYPE_CHECKING:
     from exportir.export.capture.recorder import Recorder
 
 _MARK = "_dynamo_marked_constant"
-_SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 class ConstantResultError(RuntimeError):

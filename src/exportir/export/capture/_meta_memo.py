@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-_SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+from exportir.symbolic.data_dependent import SYM_TYPES as _SYM_TYPES
+
 _META = torch.device("meta")
 
 

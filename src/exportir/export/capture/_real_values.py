@@ -25,11 +25,11 @@ import torch
 
 from exportir.fx import Node
 from exportir.fx.node import map_aggregate
+from exportir.symbolic.data_dependent import SYM_TYPES as _SYM_TYPES
 
 if TYPE_CHECKING:
     from exportir.export.capture.recorder import Recorder
 
-_SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 class RealValues:

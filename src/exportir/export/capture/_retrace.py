@@ -16,6 +16,7 @@ from torch._ops import HigherOrderOperator
 
 from exportir import pytree
 from exportir.export.capture._finalize import finalize_retrace
+from exportir.export.capture._outputs import _output_value
 from exportir.export.capture._runtime_asserts import insert_runtime_asserts
 from exportir.export.capture._view_replay import ViewReplay, mutation_roots
 from exportir.export.capture.extension import NO_EXTENSION, CaptureExtension
@@ -25,7 +26,6 @@ from exportir.export.capture.recorder import (
     Lifted,
     Recorder,
     TraceSettings,
-    _output_value,
 )
 from exportir.fx import GraphModule, Node
 

@@ -28,12 +28,11 @@ import torch
 
 from exportir import pytree
 from exportir.export.capture._node_meta import innermost_user_frame
-from exportir.export.capture.recorder import CaptureMode, ExportError, Recorder
-
-_SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 from exportir.export.capture.fake import FakeTensor, fake_like
 from exportir.export.capture.functionalize import functionalize, view_base
+from exportir.export.capture.recorder import CaptureMode, ExportError, Recorder
 from exportir.fx import Graph, GraphModule, Node
+from exportir.symbolic.data_dependent import SYM_TYPES as _SYM_TYPES
 
 higher_order = torch.ops.higher_order
 

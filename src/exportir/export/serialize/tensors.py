@@ -188,15 +188,21 @@ def _split_header(blob: bytes, where: str) -> tuple[bytes, memoryview]:
     return blob[8:8 + head_len], memoryview(blob)[8 + head_len:]
 
 
-def decode_tensors(blob: bytes, where: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors (in header order) and the ``__metadata__`` map of a container."""
-    head, data = _split_header(blob, where)
-    header = as_dict(loads_json(head, f"{where} header"), f"{where} header")
+def _read_header(buffer: Any, where: str) -> tuple[list[_Entry], dict[str, str], Any]:
+    """The checked entries, the ``__metadata__`` map and the data bytes of a container."""
+    head, data = _split_header(buffer, where)
+    header = as_dict(loads_json(bytes(head), f"{where} header"), f"{where} header")
     metadata = as_dict(header.pop(_META_KEY, {}), f"{where}/{_META_KEY}")
     for key, value in metadata.items():
         as_str(value, f"{where}/{_META_KEY}/{key}")
     entries = [_parse_entry(name, raw, where) for name, raw in header.items()]
     _check_layout(entries, len(data), where)
+    return entries, metadata, data
+
+
+def decode_tensors(blob: bytes, where: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors (in header order) and the ``__metadata__`` map of a container."""
+    entries, metadata, data = _read_header(blob, where)
     tensors = {e.name: guarded(f"{where}/{e.name}", lambda e=e: _build(e, data), "bad tensor")
                for e in entries}
     return tensors, metadata
@@ -215,13 +221,7 @@ def open_tensors(buffer: Any, where: str) -> tuple[dict[str, torch.Tensor], dict
     """Like :func:`decode_tensors` over ``buffer`` (bytes or a memory map), but each tensor is a
     view of the buffer's bytes (nothing copied; read-only when the buffer is). The header is
     checked whole before any tensor is made."""
-    head, data = _split_header(buffer, where)
-    header = as_dict(loads_json(bytes(head), f"{where} header"), f"{where} header")
-    metadata = as_dict(header.pop(_META_KEY, {}), f"{where}/{_META_KEY}")
-    for key, value in metadata.items():
-        as_str(value, f"{where}/{_META_KEY}/{key}")
-    entries = [_parse_entry(name, raw, where) for name, raw in header.items()]
-    _check_layout(entries, len(data), where)
+    entries, metadata, data = _read_header(buffer, where)
     tensors = {e.name: guarded(f"{where}/{e.name}", lambda e=e: _view(e, data), "bad tensor")
                for e in entries}
     return tensors, metadata

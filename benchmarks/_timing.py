@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 
 @dataclass(frozen=True, slots=True)
 class Workload:
@@ -193,3 +195,16 @@ def select_only(parser: Any, only: list[str], items: list[Any], kind: str) -> li
     if unknown:
         parser.error(f"unknown {kind}(s) {', '.join(unknown)}; choose from {', '.join(names)}")
     return [item for item in items if not wanted or item.name in wanted]
+
+
+def looped(call: Callable[[], Any], n: int) -> Callable[[object], Any]:
+    """A workload's ``run``: ``call()`` ``n`` times without autograd, returning the last result
+    (for timing calls too short to time one at a time)."""
+
+    def run(_: object) -> Any:
+        with torch.no_grad():
+            for _ in range(n):
+                out = call()
+        return out
+
+    return run

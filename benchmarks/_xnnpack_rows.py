@@ -45,7 +45,7 @@ for _path in (_ROOT / "src", _ROOT / "tests", Path(__file__).resolve().parent):
         sys.path.insert(0, str(_path))
 
 import torch
-from _timing import CLOCKS, Workload, compare, select_only
+from _timing import CLOCKS, Workload, compare, looped, select_only
 from torch import nn
 
 Case = tuple[nn.Module, tuple]
@@ -400,16 +400,6 @@ def _close(got: Any, want: torch.Tensor, what: str, int8: bool = False) -> None:
         raise RuntimeError(f"{what}: max abs error {(got - want).abs().max().item():.3g}")
 
 
-def _loop(call: Callable[[], Any], n: int) -> Callable[[object], Any]:
-    def run(_: object) -> Any:
-        with torch.no_grad():
-            for _ in range(n):
-                out = call()
-        return out
-
-    return run
-
-
 def measure(model: Model, opts: Options) -> Row:
     from executorch.runtime import Runtime
 
@@ -435,9 +425,9 @@ def measure(model: Model, opts: Options) -> Row:
         one = max(time.process_time() - start, 1e-6)
     n = max(1, min(1000, int(opts.call_seconds / one)))
     makers = {
-        "eager": lambda: Workload(run=_loop(lambda: module(*args), n)),
-        "fused": lambda: Workload(run=_loop(lambda: ours_method(*args), n)),
-        "xnnpack": lambda: Workload(run=_loop(lambda: et_method.execute(list(args)), n)),
+        "eager": lambda: Workload(run=looped(lambda: module(*args), n)),
+        "fused": lambda: Workload(run=looped(lambda: ours_method(*args), n)),
+        "xnnpack": lambda: Workload(run=looped(lambda: et_method.execute(list(args)), n)),
     }
     for threads in opts.threads:
         torch.set_num_threads(threads)

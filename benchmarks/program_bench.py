@@ -54,7 +54,7 @@ for _path in (_ROOT / "src", _ROOT / "tests", Path(__file__).resolve().parent):
 import torch
 import torch.nn.functional as F
 import torch.utils._pytree as torch_pytree
-from _timing import CLOCKS, Measurement, Workload, WrongResult, compare, select_only
+from _timing import CLOCKS, Measurement, Workload, WrongResult, compare, looped, select_only
 from corpus import export_models as em
 from torch import nn
 
@@ -438,16 +438,6 @@ def measure_load(row: Row, ours: Any, theirs: Any, opts: Options) -> None:
         row.cells[f"load_{side}"] = Cell.of(m)
 
 
-def _looped(call: Callable[[], Any], n: int) -> Callable[[object], Any]:
-    def run(_: object) -> Any:
-        with torch.no_grad():
-            for _ in range(n):
-                out = call()
-        return out
-
-    return run
-
-
 def measure_latency(
     entry: em.Entry, row: Row, ours: Any, fused: bytes | None, theirs: Any, opts: Options
 ) -> None:
@@ -469,7 +459,7 @@ def measure_latency(
 
     def make_eager() -> Workload:
         module, args, kwargs = em.build(entry)
-        return Workload(run=_looped(lambda: module(*args, **kwargs), n))
+        return Workload(run=looped(lambda: module(*args, **kwargs), n))
 
     def make_ours(data: bytes, delegates: Any, what: str) -> Callable[[], Workload]:
         def make() -> Workload:
@@ -477,7 +467,7 @@ def measure_latency(
             _, args, kwargs = em.build(entry)
             with torch.no_grad():
                 _assert_same(method(*args, **kwargs), reference(), what)
-            return Workload(run=_looped(lambda: method(*args, **kwargs), n))
+            return Workload(run=looped(lambda: method(*args, **kwargs), n))
 
         return make
 
@@ -486,7 +476,7 @@ def measure_latency(
         _, args, kwargs = em.build(entry)
         flat = et_inputs(args, kwargs)
         _assert_same(method.execute(flat), reference(), "ExecuTorch runtime")
-        return Workload(run=_looped(lambda: method.execute(flat), n))
+        return Workload(run=looped(lambda: method.execute(flat), n))
 
     makers: dict[str, Callable[[], Workload]] = {EAGER: make_eager}
     if ours is not None:

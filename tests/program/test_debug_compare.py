@@ -21,8 +21,6 @@ from exportir.runtime import default_kernel_registry
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
-_line = source_line
-
 
 @pytest.fixture(scope="module")
 def setup():
@@ -70,7 +68,7 @@ def test_a_perturbed_kernel_is_named_with_its_node_and_source_line(setup):
     first = report.first_drift
     assert first is not None
     assert (first.node, first.op, first.module) == ("relu", "aten::relu.out", "block")
-    assert first.source.endswith(_line("# BLOCK_LINE"))
+    assert first.source.endswith(source_line("# BLOCK_LINE"))
     assert first.max_abs == pytest.approx(0.25, abs=1e-5)
     assert [c.within for c in report.nodes[:2]] == [True, True]  # before it: clean
     assert not report.ok and not report.outputs[0].within
@@ -79,7 +77,7 @@ def test_a_perturbed_kernel_is_named_with_its_node_and_source_line(setup):
         "block", "corpus.debug_models.Block", "relu")
     text = str(report)
     assert "first drift: node 'relu' (aten::relu.out, instruction 2) in module block" in text
-    assert _line("# BLOCK_LINE") in text and "DRIFT" in text
+    assert source_line("# BLOCK_LINE") in text and "DRIFT" in text
 
 
 def test_an_edited_weight_is_found_at_the_node_reading_it(setup):
@@ -88,7 +86,7 @@ def test_an_edited_weight_is_found_at_the_node_reading_it(setup):
     report = exportir.debug.compare(manager, model, (x,))
     first = report.first_drift
     assert (first.node, first.module) == ("addmm_1", "head")
-    assert first.source.endswith(_line("# NET_LINE"))
+    assert first.source.endswith(source_line("# NET_LINE"))
     assert report.first_module_drift.module == "head"
 
 
@@ -102,7 +100,7 @@ def test_a_drift_inside_a_fused_delegate_names_the_fused_op_and_its_nodes(setup)
     first = exportir.debug.compare(manager, model, (x,)).first_drift
     assert first.delegate_op is not None and first.op == "aten.linear.default"
     assert (first.node, first.module) == ("addmm_1", "head")
-    assert first.source.endswith(_line("# NET_LINE"))
+    assert first.source.endswith(source_line("# NET_LINE"))
 
 
 def test_bad_arguments_are_refused_clearly(setup, tmp_path):
@@ -155,7 +153,7 @@ def test_a_program_file_compares_through_its_saved_etrecord(setup, tmp_path):
     kernels.register_function("aten::relu.out", drifting_relu, arity=2, writes=(1,))
     first = exportir.debug.compare(str(tmp_path / "model.xpt"), model, (x,), kernels=kernels,
                                    etrecord=str(tmp_path / "model.etrecord")).first_drift
-    assert first.node == "relu" and first.source.endswith(_line("# BLOCK_LINE"))
+    assert first.node == "relu" and first.source.endswith(source_line("# BLOCK_LINE"))
 
 
 def test_the_etrecord_of_a_delegated_program_inlines_the_delegated_subgraph(setup, tmp_path):

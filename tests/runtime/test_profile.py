@@ -22,8 +22,6 @@ from exportir.runtime.instrument import Session, instrumented_state
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
-_line = source_line
-
 
 @pytest.fixture(scope="module")
 def programs():
@@ -51,9 +49,9 @@ def test_every_instruction_is_timed_with_node_source_and_module(programs):
     norm = next(r for r in rows if r.op == "aten::native_layer_norm.out")
     assert (norm.node, norm.module, norm.module_type) == (
         "native_layer_norm", "block.ln", "torch.nn.modules.normalization.LayerNorm")
-    assert norm.source.endswith(_line("# BLOCK_LINE"))
+    assert norm.source.endswith(source_line("# BLOCK_LINE"))
     mul = next(r for r in rows if r.op == "aten::mul.out")
-    assert mul.source.endswith(_line("# NET_LINE")) and mul.module == ""
+    assert mul.source.endswith(source_line("# NET_LINE")) and mul.module == ""
     table = profile.table()
     assert "native_layer_norm" in table and "block.ln (LayerNorm)" in table
 
@@ -64,7 +62,7 @@ def test_ops_inside_a_fused_delegate_are_timed(programs):
     ops = [r for r in profile.rows() if r.delegate_op is not None]
     assert {r.op for r in ops} >= {"aten.linear.default", "aten.layer_norm.default"}
     linear = next(r for r in ops if r.node.startswith("addmm,"))
-    assert linear.module == "block.lin" and linear.source.endswith(_line("# BLOCK_LINE"))
+    assert linear.module == "block.lin" and linear.source.endswith(source_line("# BLOCK_LINE"))
     assert any(r.op.endswith("(outside its ops)") for r in profile.rows())
     by_op = {r.key: r for r in profile.rows(by="op")}
     assert by_op["aten.linear.default"].calls == 4  # two linears, two runs
@@ -116,7 +114,7 @@ def test_a_program_without_the_debug_node_table_still_profiles_by_op(programs):
     profile = Program.from_schema(bare).method().profile(x, repeat=1)
     norm = next(r for r in profile.rows() if r.op == "aten::native_layer_norm.out")
     assert norm.node == "native_layer_norm" and norm.module == ""
-    assert norm.source.endswith(_line("# BLOCK_LINE"))  # from the per-instruction debug entry
+    assert norm.source.endswith(source_line("# BLOCK_LINE"))  # from the per-instruction debug entry
     assert "aten::addmm.out" in profile.table(by="op")
 
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.export as texport
 from corpus import export_models as em
-from pt2_members import members, zip_members
+from pt2_members import load_quietly, members, torch_saved, zip_members
 
 import exportir
 from exportir.export.serialize import SerializationError
@@ -31,17 +31,8 @@ from exportir.runtime import Program
 REPRESENTATIVE = ("mlp", "custom_op", "buffer_inplace", "user_input_mutation", "tensor_constant")
 
 
-def _torch_pt2(ep: texport.ExportedProgram) -> io.BytesIO:
-    buf = io.BytesIO()
-    texport.save(ep, buf)
-    buf.seek(0)
-    return buf
 
 
-def _load_quiet(f):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return exportir.load(f)
 
 
 def _close(a, b) -> None:
@@ -88,7 +79,7 @@ def _roundtrip_from_torch(name: str, dynamic: bool = False) -> None:
             shapes = None  # *args / **kwargs forwards: left static
     tep = texport.export(module, _clone(args), _clone(kwargs), dynamic_shapes=shapes)
     expected = em.build(entry)[0](*_clone(args), **_clone(kwargs))
-    ours = _load_quiet(_torch_pt2(tep))
+    ours = load_quietly(torch_saved(tep))
     # and back: our save(format="torch") loads in torch and runs equal to eager (saved before
     # ours runs: running module() updates the program's buffers)
     buf = io.BytesIO()
@@ -126,7 +117,7 @@ def test_torch_pt2_dynamic_shapes_survive():
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
     batch = texport.Dim("batch", min=2, max=64)
     tep = texport.export(model, (torch.randn(5, 4),), dynamic_shapes=({0: batch},))
-    ours = _load_quiet(_torch_pt2(tep))
+    ours = load_quietly(torch_saved(tep))
     (_, vr), = ours.range_constraints.items()
     assert (int(vr.lower), int(vr.upper)) == (2, 64)
     for n in (3, 17):
@@ -154,7 +145,7 @@ class _Cond(torch.nn.Module):
 def test_torch_pt2_cond():
     m = _Cond().eval()
     tep = texport.export(m, (torch.randn(2, 4),))
-    ours = _load_quiet(_torch_pt2(tep))
+    ours = load_quietly(torch_saved(tep))
     assert any(n.target is torch.ops.higher_order.cond for n in ours.graph.nodes)
     for x in (torch.ones(2, 4), -torch.ones(2, 4)):
         _close(ours.module()(x), m(x))
@@ -180,7 +171,7 @@ def test_torch_pt2_map_and_while_loop_both_ways():
     m = _MapAndLoop()
     args = (torch.randn(3, 2), torch.tensor(0), torch.randn(2))
     tep = texport.export(m, args)
-    ours = _load_quiet(_torch_pt2(tep))
+    ours = load_quietly(torch_saved(tep))
     targets = {getattr(n.target, "__name__", "") for n in ours.graph.nodes}
     assert {"map_impl", "while_loop"} <= targets
     assert [e.fqn for e in ours.module_call_graph] == [e.fqn for e in tep.module_call_graph]
@@ -195,7 +186,7 @@ def test_torch_pt2_map_and_while_loop_both_ways():
 def test_torch_pt2_runs_on_our_runtime():
     entry = next(e for e in em.ENTRIES if e.name == "mlp")
     module, args, _ = em.build(entry)
-    ours = _load_quiet(_torch_pt2(texport.export(module, args)))
+    ours = load_quietly(torch_saved(texport.export(module, args)))
     program = exportir.to_edge(ours).to_program()
     got = Program.load(program.buffer).method("forward")(*args)
     _close(got[0] if isinstance(got, (list, tuple)) else got, module(*args))
@@ -245,7 +236,7 @@ def test_torch_pt2_real_transformers_model_dynamic():
     with torch.no_grad():
         tep = texport.export(case.model, (), case.kwargs, dynamic_shapes=case.dynamic_shapes(),
                              strict=False)
-    ours = _load_quiet(_torch_pt2(tep))
+    ours = load_quietly(torch_saved(tep))
     assert ours.range_constraints
     fresh = case.fresh_inputs()
     with torch.no_grad():
@@ -262,7 +253,7 @@ _members, _zip = members, zip_members
 
 def _small_pt2() -> dict[str, bytes]:
     tep = texport.export(torch.nn.Linear(3, 2), (torch.randn(1, 3),))
-    return _members(_torch_pt2(tep))
+    return _members(torch_saved(tep))
 
 
 def _model_name(members: dict[str, bytes]) -> str:
@@ -400,7 +391,7 @@ def test_whole_corpus_torch_pt2_to_edge_runs_like_our_export(name):
     entry = next(e for e in em.ENTRIES if e.name == name)
     module, args, kwargs = em.build(entry)
     expected = em.build(entry)[0](*_clone(args), **_clone(kwargs))
-    loaded = _load_quiet(_torch_pt2(texport.export(module, _clone(args), _clone(kwargs))))
+    loaded = load_quietly(torch_saved(texport.export(module, _clone(args), _clone(kwargs))))
     ours = exportir.export(em.build(entry)[0], _clone(args), _clone(kwargs))
     assert _runtime_outcome(loaded, args, kwargs, expected) == _runtime_outcome(
         ours, args, kwargs, expected)

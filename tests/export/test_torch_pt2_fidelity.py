@@ -12,7 +12,7 @@ import zipfile
 import pytest
 import torch
 import torch.export as texport
-from pt2_members import members, zip_members
+from pt2_members import load_quietly, members, torch_saved, zip_members
 
 import exportir
 from exportir.export.serialize import SerializationError
@@ -37,17 +37,8 @@ def _derived_case():
     return _Derived(), args, {"x": {0: d + 1}, "y": {0: d}, "z": {0: 2 * d}}
 
 
-def _save(ep) -> io.BytesIO:
-    buf = io.BytesIO()
-    texport.save(ep, buf)
-    buf.seek(0)
-    return buf
 
 
-def _load(buf):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return exportir.load(buf)
 
 
 def _outcome(module, args):
@@ -80,7 +71,7 @@ PROBES = [  # (x rows, y rows, z length): in range, above, below, inconsistent
 def test_derived_ranges_load_from_torch_and_are_enforced():
     model, args, shapes = _derived_case()
     tep = texport.export(model, args, dynamic_shapes=shapes)
-    ep = _load(_save(tep))
+    ep = load_quietly(torch_saved(tep))
     assert {str(k): str(v) for k, v in ep.range_constraints.items()} == \
         {str(k): str(v) for k, v in tep.range_constraints.items()}
     ours, theirs = ep.module(), tep.module(check_guards=False)  # torch's input checks
@@ -92,7 +83,7 @@ def test_derived_ranges_load_from_torch_and_are_enforced():
 def test_a_derived_range_alone_bounds_its_input():
     d = texport.Dim("d", min=3, max=100)
     tep = texport.export(_OnlyDerived(), (torch.randn(6, 3),), dynamic_shapes={"x": {0: d + 1}})
-    module = _load(_save(tep)).module()
+    module = load_quietly(torch_saved(tep)).module()
     with pytest.raises(RuntimeError, match=r"args\[0\]\.shape\[0\] to be <= 101, but got 102"):
         module(torch.randn(102, 3))
     with pytest.raises(RuntimeError, match=r"args\[0\]\.shape\[0\] to be >= 4, but got 3"):
@@ -156,7 +147,7 @@ _members, _zip = members, zip_members
 
 def _edit_ranges(edit) -> io.BytesIO:
     model, args, shapes = _derived_case()
-    members = _members(_save(texport.export(model, args, dynamic_shapes=shapes)))
+    members = _members(torch_saved(texport.export(model, args, dynamic_shapes=shapes)))
     name = next(n for n in members if n.endswith("models/model.json"))
     program = json.loads(members[name])
     edit(program["range_constraints"])
@@ -168,12 +159,12 @@ def test_a_hostile_range_key_in_a_file_names_the_key():
     buf = _edit_ranges(lambda r: r.update({"__import__('os').system('x')": {"min_val": 0,
                                                                              "max_val": 1}}))
     with pytest.raises(SerializationError, match=r"range_constraints/__import__"):
-        _load(buf)
+        load_quietly(buf)
 
 
 def test_a_range_key_over_symbols_the_graph_lacks_is_dropped_as_torch_does():
     buf = _edit_ranges(lambda r: r.update({"s99 + 1": {"min_val": 0, "max_val": 1}}))
-    assert "s99 + 1" not in {str(k) for k in _load(buf).range_constraints}
+    assert "s99 + 1" not in {str(k) for k in load_quietly(buf).range_constraints}
 
 
 # --------------------------------------------------------------------------- example inputs
@@ -204,7 +195,7 @@ def _same_tree(a, b) -> None:
 
 def test_example_inputs_load_from_torch_as_torch_loads_them():
     model, args, kwargs = _inputs_case()
-    buf = _save(texport.export(model, args, kwargs))
+    buf = torch_saved(texport.export(model, args, kwargs))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ep = exportir.load(buf)
@@ -226,7 +217,7 @@ def test_example_inputs_saved_for_torch():
     buf.seek(0)
     _same_tree(texport.load(buf).example_inputs, ep.example_inputs)
     buf.seek(0)
-    _same_tree(_load(buf).example_inputs, ep.example_inputs)
+    _same_tree(load_quietly(buf).example_inputs, ep.example_inputs)
 
 
 def test_inputs_a_reader_would_refuse_are_not_written():
@@ -240,7 +231,7 @@ def test_inputs_a_reader_would_refuse_are_not_written():
     with pytest.warns(UserWarning, match="hold a .*Box; they are not written"):
         exportir.save(ep, buf, format="torch")
     buf.seek(0)
-    assert _load(buf).example_inputs is None
+    assert load_quietly(buf).example_inputs is None
 
 
 # hand-written pickle streams (protocol 2), each wrapped as torch.save's zip
@@ -288,7 +279,7 @@ def _torch_save_zip(pkl: bytes, storages: dict[str, bytes]) -> bytes:
 
 
 def _with_samples(pkl: bytes, storages: dict[str, bytes] | None = None) -> io.BytesIO:
-    buf = _save(texport.export(_OnlyDerived(), (torch.randn(4, 3),)))
+    buf = torch_saved(texport.export(_OnlyDerived(), (torch.randn(4, 3),)))
     members = _members(buf)
     name = next(n for n in members if "/data/sample_inputs/" in n)
     members[name] = _torch_save_zip(pkl, storages if storages is not None else
@@ -299,7 +290,7 @@ def _with_samples(pkl: bytes, storages: dict[str, bytes] | None = None) -> io.By
 def test_a_hand_written_stream_reads_as_torch_load_reads_it():
     storage = {"0": torch.arange(12.0).numpy().tobytes()}
     pkl = _inputs(_tensor(numel=12, size=4, offset=8))
-    ep = _load(_with_samples(pkl, storage))
+    ep = load_quietly(_with_samples(pkl, storage))
     _same_tree(ep.example_inputs, torch.load(io.BytesIO(_torch_save_zip(pkl, storage)),
                                              weights_only=True))
 
@@ -441,7 +432,7 @@ def test_whole_corpus_keeps_ranges_and_example_inputs(name, dynamic):
         shapes = {**dict(zip(params, map(_dim0_auto, args))),
                   **{k: _dim0_auto(v) for k, v in kwargs.items()}}
     tep = texport.export(module, args, kwargs, dynamic_shapes=shapes)
-    buf = _save(tep)
+    buf = torch_saved(tep)
     with _QuietTorchSerde():  # torch unpickles what weights_only refuses (warning logged)
         theirs = texport.load(buf)
     buf.seek(0)

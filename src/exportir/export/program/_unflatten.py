@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from exportir import pytree
-from exportir.export.program._unlift import _check_inputs_pre_hook, _install_state
+from exportir.export.program._unlift import _check_inputs_pre_hook, _install_state, submodule_path
 from exportir.export.signature import ConstantArgument, ModuleCallSignature
 from exportir.fx.graph import Graph
 from exportir.fx.graph_module import GraphModule
@@ -92,14 +92,8 @@ def _add_empty_calls(root: torch.nn.Module, called: list[str]) -> None:
     for fqn in called:
         if not fqn or "@" in fqn:
             continue
-        module = root
         *prefix, last = fqn.split(".")
-        for atom in prefix:
-            child = getattr(module, atom, None)
-            if not isinstance(child, torch.nn.Module):
-                child = torch.nn.Module()
-                module.add_module(atom, child)
-            module = child
+        module = submodule_path(root, prefix)
         if not isinstance(getattr(module, last, None), torch.nn.Module):
             graph = Graph()
             graph.output(None)

@@ -277,16 +277,22 @@ def _check_inputs_pre_hook(module: Any, args: tuple[Any, ...], kwargs: dict[str,
     check_input_constraints(placeholders, flat, module.range_constraints)
 
 
-def _set_attr(root: torch.nn.Module, fqn: str, value: Any, kind: InputKind, persistent: bool):
-    """Register ``value`` at ``fqn`` as a parameter, buffer or plain constant attribute."""
-    *prefix, field = fqn.split(".")
+def submodule_path(root: torch.nn.Module, atoms: Iterable[str]) -> torch.nn.Module:
+    """The module at ``root.<atoms...>``, adding an empty ``nn.Module`` for each missing step."""
     module = root
-    for atom in prefix:
+    for atom in atoms:
         child = getattr(module, atom, None)
         if not isinstance(child, torch.nn.Module):
             child = torch.nn.Module()
             module.add_module(atom, child)
         module = child
+    return module
+
+
+def _set_attr(root: torch.nn.Module, fqn: str, value: Any, kind: InputKind, persistent: bool):
+    """Register ``value`` at ``fqn`` as a parameter, buffer or plain constant attribute."""
+    *prefix, field = fqn.split(".")
+    module = submodule_path(root, prefix)
     if hasattr(module, field):
         delattr(module, field)
     if kind == InputKind.PARAMETER:

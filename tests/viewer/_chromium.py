@@ -164,10 +164,15 @@ class Browser:
         return result["result"].get("value")
 
     def click(self, selector: str) -> None:
-        """A real mouse click in the middle of the first element ``selector`` matches."""
+        """A real mouse click in the middle of the first element ``selector`` matches.
+
+        The element is first scrolled into view, as a user scrolls a side panel to reach a button;
+        how far down it sits depends on the machine's fonts and window size.
+        """
         box = self.evaluate(
             "(() => { const e = document.querySelector(" + json.dumps(selector) + ");"
-            " if (!e) return null; const r = e.getBoundingClientRect();"
+            " if (!e) return null; e.scrollIntoView({block: 'center', inline: 'center'});"
+            " const r = e.getBoundingClientRect();"
             " return [r.left + r.width / 2, r.top + r.height / 2]; })()")
         if box is None:
             raise BrowserError(f"nothing matches {selector!r}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from exportir.format import quantized_ops
+from exportir.runtime.backends.fused_cpu.dynamic_int8 import LINEAR_DYNAMIC_INT8
 
 quantized_ops.define()  # the quantized_decomposed references (torch.ops) the samples compare with
 
@@ -355,8 +356,30 @@ def _no_grad(op):
     return run
 
 
+def _reference_linear_dynamic_int8(x, w, w_scales, bias, eps, post_op):
+    """The PT2E dynamic pattern the kernel computes, in torch's own quantized_decomposed ops."""
+    import torch.ao.quantization.fx._decomposed  # registers quantized_decomposed
+
+    qd = torch.ops.quantized_decomposed
+    scale, zp = qd.choose_qparams.tensor(x, -128, 127, eps, torch.int8)
+    q = qd.quantize_per_tensor.tensor(x, scale, zp, -128, 127, torch.int8)
+    dq = qd.dequantize_per_tensor.tensor(q, scale, zp, -128, 127, torch.int8)
+    dw = qd.dequantize_per_channel(w, w_scales, torch.zeros_like(w_scales, dtype=torch.int64),
+                                   0, -127, 127, torch.int8)
+    out = torch.nn.functional.linear(dq, dw, bias)
+    return torch.relu(out) if post_op == "relu" else out
+
+
+SAMPLES[LINEAR_DYNAMIC_INT8] = [
+    ((_r(2, 16), _W8, _QLINEAR_TAIL[0], _r(8), 1.1920928955078125e-07, "none"), {}),
+    ((_r(3, 2, 16) * 7, _W8, _QLINEAR_TAIL[0], None, 1e-5, "relu"), {}),
+    ((_pos(1, 16), _W8, _QLINEAR_TAIL[0], _r(8), 1.1920928955078125e-07, "relu"), {}),
+]
+
+
 # ops whose torch reference takes its arguments differently from the fused kernel
 REFERENCES = {
+    LINEAR_DYNAMIC_INT8: _reference_linear_dynamic_int8,
     "aten.lstm.input": _no_grad(torch.ops.aten.lstm.input),
     "aten.gru.input": _no_grad(torch.ops.aten.gru.input),
     "onednn.qlinear_pointwise.default": _packed_qlinear(torch.ops.onednn.qlinear_pointwise.default),

@@ -25,7 +25,7 @@ from fused_kernel_samples import REFERENCES, SAMPLES
 from exportir.backends.fused_cpu.backend import encode_arg
 from exportir.program import schema, serialize
 from exportir.runtime.backends.fused_cpu import ALIGNMENT, BACKEND_ID, FORMAT_VERSION, MAGIC
-from exportir.runtime.backends.fused_cpu.kernels import KERNELS
+from exportir.runtime.backends.fused_cpu.kernels import KERNELS, op_schema
 
 _SCALAR_TYPES = {
     getattr(torch, name): st for st, name in schema.TORCH_DTYPE_NAME.items()
@@ -118,8 +118,8 @@ def _cases() -> list[tuple[str, tuple, dict]]:
 
 
 def _expected(name: str, args: tuple, kwargs: dict) -> tuple[list[torch.Tensor], bool]:
-    result = REFERENCES.get(name, _aten(name))(*args, **kwargs)
-    multi = [str(r.type) for r in _aten(name)._schema.returns] != ["Tensor"]
+    result = (REFERENCES[name] if name in REFERENCES else _aten(name))(*args, **kwargs)
+    multi = [str(r.type) for r in op_schema(name).returns] != ["Tensor"]
     return (list(result) if multi else [result]), multi
 
 

@@ -14,7 +14,7 @@ from fused_kernel_samples import REFERENCES, SAMPLES
 
 from exportir.runtime.backends.fused_cpu.executor import build, run
 from exportir.runtime.backends.fused_cpu.format import Blob, OpRow
-from exportir.runtime.backends.fused_cpu.kernels import INPLACE, KERNELS, Ref
+from exportir.runtime.backends.fused_cpu.kernels import INPLACE, KERNELS, Ref, op_schema
 
 
 def _encode(x, inputs):
@@ -30,8 +30,8 @@ def _one_op_program(name, args, kwargs, inplace=False):
     inputs: list[torch.Tensor] = []
     enc_args = tuple(_encode(a, inputs) for a in args)
     enc_kwargs = {k: _encode(v, inputs) for k, v in kwargs.items()}
-    returns = [str(r.type) for r in _aten(name)._schema.returns]
-    expected = REFERENCES.get(name, _aten(name))(*args, **kwargs)
+    returns = [str(r.type) for r in op_schema(name).returns]
+    expected = (REFERENCES[name] if name in REFERENCES else _aten(name))(*args, **kwargs)
     multi = returns != ["Tensor"]
     n_out = len(expected) if multi else 1
     outs = tuple(range(len(inputs), len(inputs) + n_out))

@@ -13,6 +13,7 @@ import exportir
 from exportir.backends.fused_cpu import FusedCpuPartitioner
 from exportir.quantization import int4_weight_only, int8_weight_only, quantize_
 from exportir.runtime import Program
+from exportir.runtime.backends.fused_cpu.dynamic_int8 import LINEAR_DYNAMIC_INT8, fbgemm_available
 from exportir.runtime.backends.fused_cpu.format import decode_blob
 from exportir.runtime.backends.fused_cpu.quantized import QuantizedKernelError
 
@@ -62,7 +63,37 @@ def test_static_int8_linear_runs_onednn_qlinear_exactly(tmp_path):
                                    atol=1e-6)
 
 
-def test_dynamic_int8_linear_runs_onednn_qlinear_with_runtime_qparams(tmp_path):
+def test_dynamic_int8_linear_runs_fbgemm_with_runtime_qparams(tmp_path):
+    """choose_qparams + quantize + dequantize + linear (+ relu) become one fbgemm kernel per
+    linear that picks the qparams the same way: the program equals the quantized graph."""
+    if not fbgemm_available():
+        pytest.skip("this torch build has no fbgemm (not x86): the oneDNN rule runs instead")
+    model = _mlp(1)
+    x = torch.randn(4, 32)
+    converted = quantize(model, (x,), [], dynamic=True)
+    program, counts = fused_program(converted, (x,), tmp_path)
+    assert counts[LINEAR_DYNAMIC_INT8] == 2 and counts[QLINEAR_DYNAMIC] == 0, counts
+    assert counts["quantized_decomposed.choose_qparams.tensor"] == 0, counts
+    assert counts["aten.relu.default"] == 0, counts  # fused into the first linear
+    for scale in (10.0, 1e-3, 1.0):
+        x = torch.randn(4, 32) * scale
+        torch.testing.assert_close(program.method("forward")(x), converted(x), rtol=1e-5,
+                                   atol=1e-5 * scale)
+    x = torch.randn(3, 4, 32)  # leading dimensions
+    converted3 = quantize(_mlp(1), (x,), [], dynamic=True)
+    program3, _ = fused_program(converted3, (x,), tmp_path)
+    torch.testing.assert_close(program3.method("forward")(x), converted3(x), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_dynamic_int8_linear_without_fbgemm_runs_onednn_qlinear(tmp_path, monkeypatch):
+    """Where the fbgemm rule is off, the chain keeps its choose_qparams / quantize and the
+    linear becomes oneDNN's qlinear with run-time qparams."""
+    from exportir.backends.fused_cpu import quantized, rewrites
+
+    linear = "aten.linear.default"
+    monkeypatch.setitem(rewrites.RULES, linear, tuple(
+        r for r in rewrites.RULES[linear] if r is not quantized.linear_dynamic_fbgemm))
     model = _mlp(1)
     x = torch.randn(4, 32)
     converted = quantize(model, (x,), [], dynamic=True)

@@ -9,6 +9,12 @@ Keyed on the ``linear`` the generic rewrites rebuild from ``addmm`` / ``mm``:
   dequantize_per_channel(W8), b))`` (2-D, not transposed), with an optional ``relu`` before the
   quantize (or a ``hardtanh``: ``relu6``), becomes ``onednn.qconv_pointwise(qx, ..., W8, ...)``
   writing int8 (post op ``relu`` / ``hardtanh``); the weight is packed at load (``onednn.qconv_prepack``);
+- **dynamic int8 on fbgemm** -- the whole dynamic chain ``linear(dequantize_per_tensor.tensor(
+  quantize_per_tensor.tensor(x, *choose_qparams.tensor(x, -128, 127, eps, int8))),
+  dequantize_per_channel(W8), b)`` (an optional ``relu`` after it absorbed) becomes one
+  ``fused_cpu.linear_dynamic_int8(x, W8, scales, b, eps, post_op)``, which chooses the qparams
+  the same way and runs fbgemm (:mod:`exportir.runtime.backends.fused_cpu.dynamic_int8`).
+  Where fbgemm is missing the rule below takes the chain;
 - **dynamic int8** -- ``linear(dequantize_per_tensor.tensor(qx, scale, zp), dequantize_per_
   channel(W8), b)`` becomes ``onednn.qlinear_pointwise.tensor`` writing float32;
 - **weight-only int4** -- ``linear(x, dequantize_per_channel_group(W4, s, z, 0, 15, ...))``
@@ -32,6 +38,7 @@ import torch
 
 from exportir.backends.fused_cpu.ir import Graph, Op, Value, static_shape
 from exportir.runtime.backends.fused_cpu import OPS
+from exportir.runtime.backends.fused_cpu.dynamic_int8 import LINEAR_DYNAMIC_INT8, fbgemm_available
 
 __all__ = ["QUANT_RULES"]
 
@@ -41,6 +48,8 @@ _DQ_TT = _QD + "dequantize_per_tensor.tensor"
 _DQ_C = _QD + "dequantize_per_channel.default"
 _DQ_G = _QD + "dequantize_per_channel_group.default"
 _Q_T = _QD + "quantize_per_tensor.default"
+_Q_TT = _QD + "quantize_per_tensor.tensor"
+_CHOOSE = _QD + "choose_qparams.tensor"
 _RELU = "aten.relu.default"
 _HARDTANH = "aten.hardtanh.default"
 _QLINEAR = "onednn.qlinear_pointwise.default"
@@ -151,6 +160,46 @@ def qlinear_dynamic(g: Graph, op: Op) -> bool:
     return True
 
 
+def _dynamic_int8_input(g: Graph, v: Any) -> tuple[Any, float] | None:
+    """``(x, eps)`` when ``v`` is ``dequantize(quantize(x, *choose_qparams(x, -128, 127, eps,
+    int8)))`` of a float32 ``x``, every step over int8 [-128, 127] and the same qparams."""
+    int8 = (-128, 127, torch.int8)
+    dq = g.producer(v, _DQ_TT) if isinstance(v, Value) else None
+    if dq is None or tuple(dq.args[3:6]) != int8 or dq.kwargs.get("out_dtype") not in (
+            None, torch.float32):
+        return None
+    q = g.producer(dq.args[0], _Q_TT) if isinstance(dq.args[0], Value) else None
+    if q is None or q.kwargs or tuple(q.args[3:6]) != int8:
+        return None
+    x, scale, zp = q.args[:3]
+    choose = g.producer(scale, _CHOOSE) if isinstance(scale, Value) else None
+    if (choose is None or choose.kwargs or len(choose.outs) != 2 or choose.outs[0] is not scale or choose.outs[1] is not zp
+            or dq.args[1] is not scale or dq.args[2] is not zp or choose.args[0] is not x
+            or tuple(choose.args[1:3]) != (-128, 127) or choose.args[4] != torch.int8
+            or not isinstance(choose.args[3], float) or not choose.args[3] > 0
+            or not _float32(x)):
+        return None
+    return x, choose.args[3]
+
+
+def linear_dynamic_fbgemm(g: Graph, op: Op) -> bool:
+    x, w, b = (*op.args, None)[:3]
+    found = _dynamic_int8_input(g, x) if not op.kwargs else None
+    weight = _int8_weight(g, w)
+    if found is None or weight is None or not _bias_ok(b):
+        return False
+    x, eps = found
+    _, wq, ws = weight
+    post = "none"
+    reader = g.only_reader(op.out)
+    if reader is not None and reader.name == _RELU and not reader.kwargs:
+        post = "relu"
+        g.absorb(op, reader)
+    args = [x, _const(wq, f"{op.out.name}_w8"), _const(ws, f"{op.out.name}_ws"), b, eps, post]
+    _replace(g, op, Op(LINEAR_DYNAMIC_INT8, args, {}, op.outs, False, op.nodes))
+    return True
+
+
 def _int8_activation(g: Graph, x: Any) -> Op | None:
     """The ``dequantize_per_tensor`` of an int8 activation computing ``x``, else None."""
     dq_x = g.producer(x, _DQ_T)
@@ -258,11 +307,12 @@ _LINEAR_RULES = tuple(
     rule
     for rule, kernel in (
         (qlinear_static, _QLINEAR),
+        (linear_dynamic_fbgemm, LINEAR_DYNAMIC_INT8),
         (qlinear_dynamic, _QLINEAR_T),
         (weight_only_int4, _INT4_MM),
         (weight_only_int8, _INT8_MM),
     )
-    if kernel in OPS
+    if kernel in OPS and (kernel != LINEAR_DYNAMIC_INT8 or fbgemm_available())
 )
 
 QUANT_RULES: dict[str, tuple[Any, ...]] = {

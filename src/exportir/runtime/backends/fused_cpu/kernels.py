@@ -31,6 +31,10 @@ from exportir.runtime.backends.fused_cpu.dense import (
     apply_attr,
     check_attr,
 )
+from exportir.runtime.backends.fused_cpu.dynamic_int8 import (
+    DYNAMIC_INT8_KERNELS,
+    DYNAMIC_INT8_SCHEMAS,
+)
 from exportir.runtime.backends.fused_cpu.gemv import RowLinear
 from exportir.runtime.backends.fused_cpu.quantized import QUANTIZED_KERNEL_FNS, define_library
 from exportir.runtime.backends.fused_cpu.rnn import RNN_KERNELS, RnnShapeError
@@ -46,6 +50,7 @@ __all__ = [
     "bind",
     "check_args",
     "normalize",
+    "op_schema",
 ]
 
 _nn = torch._C._nn
@@ -396,6 +401,8 @@ KERNELS: dict[str, Kernel] = {
     **{name: Kernel(fn, prepare=_schema_errors(prepare)) for name, (fn, prepare) in RNN_KERNELS.items()},
     # int8 / int4: quantize-dequantize, oneDNN's qlinear, weight-only matmuls (.quantized)
     **{name: Kernel(fn, prepare=prepare) for name, (fn, prepare) in QUANTIZED_KERNEL_FNS.items()},
+    # dynamically quantized int8 linear on fbgemm, float32 math without it (.dynamic_int8)
+    **{name: Kernel(fn, prepare=prepare) for name, (fn, prepare) in DYNAMIC_INT8_KERNELS.items()},
 }  # fmt: skip
 
 OPS: frozenset[str] = frozenset(KERNELS)
@@ -406,7 +413,11 @@ INPLACE: frozenset[str] = frozenset(k for k, v in KERNELS.items() if v.inplace i
 
 
 @functools.cache
-def _schema(name: str) -> Any:
+def op_schema(name: str) -> Any:
+    """The schema of kernel ``name``: torch's op's, or the backend's own kernels' (parsed, no
+    torch op registered)."""
+    if name in DYNAMIC_INT8_SCHEMAS:  # the backend's own kernels: schemas, no torch op
+        return torch._C.parse_schema(DYNAMIC_INT8_SCHEMAS[name])
     namespace, packet, overload = name.split(".")
     define_library(namespace)
     return getattr(getattr(getattr(torch.ops, namespace), packet), overload)._schema
@@ -436,7 +447,7 @@ def _fits(type_text: str, value: Any) -> bool:
 def normalize(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict]:
     """The arguments with every positional schema argument given positionally (defaults
     filled in before the last one given) and only keyword-only ones by name."""
-    schema = _schema(name)
+    schema = op_schema(name)
     params = schema.arguments
     positional = [a for a in params if not a.kwarg_only]
     if len(args) > len(positional):
@@ -478,7 +489,7 @@ INT_ARGUMENT_MINIMUM: dict[str, int] = {
 
 
 def _check_int_bounds(name: str, pos: tuple, kw: dict) -> None:
-    params = _schema(name).arguments
+    params = op_schema(name).arguments
     given = {a.name: v for a, v in zip((a for a in params if not a.kwarg_only), pos)} | kw
     for arg, least in INT_ARGUMENT_MINIMUM.items():
         value = given.get(arg)
@@ -492,7 +503,7 @@ def check_args(name: str, args: tuple, kwargs: dict, n_outs: int, multi: bool) -
     literal integer arguments their bounds, :data:`INT_ARGUMENT_MINIMUM`)."""
     pos, kw = normalize(name, args, kwargs)
     _check_int_bounds(name, pos, kw)
-    returns = [str(r.type) for r in _schema(name).returns]
+    returns = [str(r.type) for r in op_schema(name).returns]
     if returns == ["List[Tensor]"]:
         if not multi:
             raise SchemaMismatch("returns a list: outs must be a list")
@@ -517,7 +528,7 @@ def bind(
     kernel = KERNELS[name]
     pos, kw = normalize(name, args, kwargs)
     if kernel.keywords:
-        params = [a.name for a in _schema(name).arguments if not a.kwarg_only]
+        params = [a.name for a in op_schema(name).arguments if not a.kwarg_only]
         moved = {p: v for p, v in zip(params, pos) if p in kernel.keywords}
         pos = tuple(v for p, v in zip(params, pos) if p not in kernel.keywords)
         kw = {**moved, **kw}

@@ -1,0 +1,180 @@
+"""Dynamically quantized int8 linears on fbgemm: ``fused_cpu.linear_dynamic_int8``.
+
+The op computes, for a float32 input ``x [..., K]``, what the PT2E dynamic pattern
+``linear(dequantize(quantize(x, *choose_qparams(x, -128, 127, eps, int8))), dequantize(W8), b)``
+computes (followed by ``relu`` when ``post_op`` is ``"relu"``): int8 activations affine over each
+call's own range, int8 weights symmetric per output channel.
+
+The activation's scale and zero point are chosen here exactly as
+``quantized_decomposed.choose_qparams.tensor`` chooses them (float32 arithmetic, ties to even),
+and fbgemm's ``quantized.linear_with_input_q_dq_qweight_dq_output_fp32`` (weight packed once,
+at load) quantizes with them and multiplies in int8 with int32 sums: results agree with the
+pattern's to float rounding. One call costs about what torch's own ``linear_dynamic`` costs
+(which chooses its qparams by another rule), 3-10x less than ``choose_qparams`` + ``quantize`` +
+oneDNN's qlinear as three ops.
+
+The compile side picks this kernel only where torch has fbgemm (x86 builds). A program holding
+it still runs where fbgemm is missing (another machine, a torch without quantized tensors), or
+with a weight that is no constant: the same math then runs in float32 (quantize-dequantize of
+``x``, ``linear`` on the dequantized weight), equal to the pattern bit for bit.
+
+Imports only torch and the standard library.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["DYNAMIC_INT8_KERNELS", "DYNAMIC_INT8_SCHEMAS", "LINEAR_DYNAMIC_INT8",
+           "DynamicInt8Error", "fbgemm_available"]
+
+LINEAR_DYNAMIC_INT8 = "fused_cpu.linear_dynamic_int8.default"
+DYNAMIC_INT8_SCHEMAS = {
+    LINEAR_DYNAMIC_INT8: "fused_cpu::linear_dynamic_int8(Tensor x, Tensor weight, "
+    "Tensor w_scales, Tensor? bias, float eps, str post_op) -> Tensor",
+}
+_QMIN, _QMAX = -128, 127  # the int8 activation range the pattern quantizes to
+_POST_OPS = ("none", "relu")
+
+
+class DynamicInt8Error(ValueError):
+    """Arguments ``linear_dynamic_int8`` refuses (fbgemm would read out of bounds)."""
+
+
+def _require(ok: bool, what: str) -> None:
+    if not ok:
+        raise DynamicInt8Error(f"linear_dynamic_int8: {what}")
+
+
+def fbgemm_available() -> bool:
+    """Whether this torch has fbgemm's quantized linears (x86 builds)."""
+    return ("fbgemm" in torch.backends.quantized.supported_engines
+            and hasattr(torch.ops.quantized, "linear_with_input_q_dq_qweight_dq_output_fp32"))
+
+
+def _fbgemm_engine() -> bool:
+    """Whether packing now gives fbgemm's form (the engine is process state a user can set)."""
+    return torch.backends.quantized.engine in ("x86", "fbgemm")
+
+
+@dataclass(frozen=True, slots=True)
+class PackedDynamicLinear:
+    """An int8 weight ``[N, K]`` with its scales and bias, packed for fbgemm at load."""
+
+    packed: Any
+    n: int
+    k: int
+    has_bias: bool  # the bias was packed with the weight (a constant); else added per call
+
+
+def _f32(v: float) -> float:
+    """``v`` rounded to float32, as a tensor op on float32 values rounds its result."""
+    return struct.unpack("f", struct.pack("f", v))[0]
+
+
+def activation_qparams(x: torch.Tensor, eps: float) -> tuple[float, int]:
+    """``(scale, zero point)`` of ``x`` as ``choose_qparams.tensor(x, -128, 127, eps, int8)``
+    gives them. float32 operations on float32 values are computed in float64 and rounded once,
+    which gives the float32 result exactly."""
+    lo_t, hi_t = torch.aminmax(x)
+    lo, hi = min(lo_t.item(), 0.0), max(hi_t.item(), 0.0)
+    scale = max(_f32(_f32(hi - lo) / float(_QMAX - _QMIN)), _f32(eps))
+    if not math.isfinite(scale) or not math.isfinite(lo):
+        return scale, _QMIN
+    zero_point = _QMIN - round(_f32(lo / scale))
+    return scale, min(max(zero_point, _QMIN), _QMAX)
+
+
+def _check(x: Any, n: int, k: int, w_scales: Any, bias: Any, eps: Any, post_op: Any) -> None:
+    _require(isinstance(x, torch.Tensor) and x.dtype == torch.float32 and x.dim() >= 1
+             and x.shape[-1] == k, f"the input must be float32 [..., {k}]")
+    _require(isinstance(w_scales, torch.Tensor) and w_scales.dtype == torch.float32
+             and w_scales.dim() == 1 and w_scales.numel() == n,
+             f"w_scales must be float32 with {n} elements")
+    _require(bias is None or (isinstance(bias, torch.Tensor) and bias.dtype == torch.float32
+                              and bias.dim() == 1 and bias.numel() == n),
+             f"the bias must be float32 with {n} elements")
+    _require(isinstance(eps, float) and eps > 0, "eps must be a positive float")
+    _require(post_op in _POST_OPS, f"post_op must be one of {list(_POST_OPS)}; got {post_op!r}")
+
+
+def _check_weight(w: Any) -> None:
+    _require(isinstance(w, torch.Tensor) and w.dtype == torch.int8 and w.dim() == 2
+             and w.numel() > 0, "the weight must be a non-empty 2-D int8 tensor [N, K]")
+
+
+def pack(w: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor | None
+         ) -> PackedDynamicLinear:
+    _check_weight(w)
+    n, k = w.shape
+    _check(torch.empty(1, k), n, k, w_scales, bias, 1.0, "none")
+    with warnings.catch_warnings():  # torch 2.13 calls quantized tensors deprecated
+        warnings.simplefilter("ignore", UserWarning)
+        q = torch._make_per_channel_quantized_tensor(
+            w.contiguous(), w_scales.double(), torch.zeros(n, dtype=torch.int64), 0)
+    return PackedDynamicLinear(torch.ops.quantized.linear_prepack(q, bias), n, k,
+                               bias is not None)
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor, w_scales: torch.Tensor, bias: Any,
+               scale: float, zero_point: int) -> torch.Tensor:
+    q = torch.clamp(torch.round(x * _f32(1.0 / scale)) + zero_point, _QMIN, _QMAX)
+    return torch.nn.functional.linear((q - zero_point) * scale,
+                                      w.float() * w_scales.reshape(-1, 1), bias)
+
+
+def linear_dynamic_int8(x: Any, w: Any, w_scales: Any, bias: Any, eps: Any,
+                        post_op: Any) -> torch.Tensor:
+    if isinstance(w, PackedDynamicLinear):
+        n, k = w.n, w.k
+    else:
+        _check_weight(w)
+        n, k = w.shape
+    _check(x, n, k, w_scales, bias, eps, post_op)
+    if x.numel() == 0:
+        return x.new_zeros((*x.shape[:-1], n))
+    scale, zero_point = activation_qparams(x, eps)
+    if isinstance(w, PackedDynamicLinear) and math.isfinite(scale):
+        x2 = x.reshape(-1, k).contiguous()
+        late_bias = bias is not None and not w.has_bias
+        op = (torch.ops.quantized.linear_with_input_q_dq_qweight_dq_relu_output_fp32
+              if post_op == "relu" and not late_bias else
+              torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32)
+        # fbgemm's activations are uint8: the same values, zero point moved by 128
+        out = op(x2, scale, zero_point - _QMIN, w.packed)
+        if late_bias:
+            out += bias
+            if post_op == "relu":
+                out.relu_()
+        return out.reshape(*x.shape[:-1], n)
+    if isinstance(w, PackedDynamicLinear):
+        w = torch.ops.quantized.linear_unpack(w.packed)[0].int_repr()
+    out = _reference(x, w, w_scales, bias, scale, zero_point)
+    return torch.relu(out) if post_op == "relu" else out
+
+
+def _prepare(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> tuple[Any, ...]:
+    w, scales = constant(args[1]), constant(args[2])
+    bias = constant(args[3]) if args[3] is not None else None  # None: a run-time value
+    if w is None or scales is None:
+        return args
+    if not (fbgemm_available() and _fbgemm_engine()):
+        return args
+    try:
+        packed = pack(w, scales, bias)
+    except (DynamicInt8Error, RuntimeError):
+        return args  # the kernel refuses them when it runs
+    return (args[0], packed, *args[2:])
+
+
+# name -> (kernel, prepare)
+DYNAMIC_INT8_KERNELS: dict[str, tuple[Callable[..., Any], Any]] = {
+    LINEAR_DYNAMIC_INT8: (linear_dynamic_int8, _prepare),
+}

@@ -1,6 +1,7 @@
 """LLM benchmark: prefill and decode of a small Llama (transformers, static KV cache), exportir
-vs ExecuTorch 1.5.1 with XNNPACK, fp32 and weight-only int8 / int4; and the Llama-2-7B meta
-export (export + to_edge + plan, no weights).
+vs ExecuTorch 1.5.1 with XNNPACK, fp32, weight-only int8 / int4 and int8 dynamic activations with
+int8 weights (``8da8w``: the same scheme on both sides); and the Llama-2-7B meta export
+(export + to_edge + plan, no weights).
 
 Each side is compiled in this process and written to a file; each program then runs in a fresh
 child process (so its peak RSS is the runtime's own: load, prefill, decode) which reports
@@ -16,7 +17,10 @@ ExecuTorch rows: ``torch.export`` of the same wrapped model, ``to_edge_transform
 config to share a mutable buffer between methods, so each is its own program: the decode rate
 does not depend on it). Quantized ExecuTorch rows use torchao's XNNPACK recipe
 (``Int8DynamicActivationIntxWeightConfig``: int8 dynamic activations, int8 / int4 weights), the
-closest XNNPACK has to weight-only; a row that fails to export says so.
+closest XNNPACK has to weight-only (rows ``int8`` / ``int4``: exportir weight-only) and exactly
+what exportir's ``int8_dynamic_activation_int8_weight()`` does (row ``8da8w``; exportir takes one
+activation scale per tensor, torchao one per token: the same for a decode step's single row);
+a row that fails to export says so.
 """
 
 from __future__ import annotations
@@ -86,16 +90,21 @@ def build_mini(quick: bool, max_cache: int, scheme: str, side: str) -> torch.nn.
     for p in model.parameters():  # ExecuTorch's lowering refuses in-place cache writes otherwise
         p.requires_grad_(False)
     if scheme != "fp32" and side == "exportir":
-        from exportir.quantization import int4_weight_only, int8_weight_only, quantize_
+        from exportir.quantization import (
+            int4_weight_only,
+            int8_dynamic_activation_int8_weight,
+            int8_weight_only,
+            quantize_,
+        )
 
-        quantize_(model, int8_weight_only() if scheme == "int8"
-                  else int4_weight_only(group_size=32))
+        quantize_(model, {"int8": int8_weight_only, "8da8w": int8_dynamic_activation_int8_weight,
+                          "int4": lambda: int4_weight_only(group_size=32)}[scheme]())
     elif scheme != "fp32":
         from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
         from torchao.quantization.granularity import PerAxis, PerGroup
 
-        weight = torch.int8 if scheme == "int8" else torch.int4
-        granularity = PerAxis(0) if scheme == "int8" else PerGroup(32)
+        weight = torch.int4 if scheme == "int4" else torch.int8
+        granularity = PerGroup(32) if scheme == "int4" else PerAxis(0)
         quantize_(model, Int8DynamicActivationIntxWeightConfig(weight_dtype=weight,
                                                                weight_granularity=granularity))
     return model
@@ -290,7 +299,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--skip-7b", action="store_true")
-    parser.add_argument("--schemes", default="fp32,int8,int4")
+    parser.add_argument("--schemes", default="fp32,int8,8da8w,int4")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3,
                         help="fresh-process runs per program, alternating sides (best kept)")

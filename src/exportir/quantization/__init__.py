@@ -1,5 +1,5 @@
 """Quantization: torchao's PT2E flow (``prepare_pt2e`` / ``convert_pt2e`` with a
-``Quantizer``) and weight-only quantization of linear layers (``quantize_``).
+``Quantizer``) and weight-only and dynamic-activation quantization of linear layers (``quantize_``).
 
 See docs/quantization.md. Nothing here imports torch.ao or torchao.
 """
@@ -23,10 +23,13 @@ from exportir.quantization.spec import (
     SharedQuantizationSpec,
 )
 from exportir.quantization.weight_only import (
+    DynamicInt8Linear,
     Int4WeightOnlyConfig,
+    Int8DynamicActivationInt8WeightConfig,
     Int8WeightOnlyConfig,
     WeightOnlyLinear,
     int4_weight_only,
+    int8_dynamic_activation_int8_weight,
     int8_weight_only,
     quantize_,
 )
@@ -38,9 +41,11 @@ from exportir.quantization.xnnpack import (
 
 __all__ = [
     "DerivedQuantizationSpec",
+    "DynamicInt8Linear",
     "EdgeOrNode",
     "FixedQParamsQuantizationSpec",
     "Int4WeightOnlyConfig",
+    "Int8DynamicActivationInt8WeightConfig",
     "Int8WeightOnlyConfig",
     "MinMaxObserver",
     "ObserverBase",
@@ -57,6 +62,7 @@ __all__ = [
     "convert_pt2e",
     "get_symmetric_quantization_config",
     "int4_weight_only",
+    "int8_dynamic_activation_int8_weight",
     "int8_weight_only",
     "prepare_pt2e",
     "quantize_",

@@ -1,4 +1,5 @@
-"""Weight-only quantization of linear layers: ``quantize_(model, config)``, as torchao's.
+"""Weight-only (and dynamic-activation) quantization of linear layers: ``quantize_(model,
+config)``, as torchao's.
 
 ``quantize_`` replaces, in place, every ``nn.Linear`` of an eager model (those
 ``filter_fn(module, fqn)`` accepts) by a :class:`WeightOnlyLinear`: the weight is stored
@@ -12,7 +13,13 @@ backends lower to torch's CPU kernels (``aten._weight_int8pack_mm``,
 - :class:`Int4WeightOnlyConfig` (``int4_weight_only(group_size=128)``): 4-bit values
   ``[0, 15]`` (stored one per uint8) with a scale and a float zero point per group of
   ``group_size`` input channels (``dequantize_per_channel_group``), chosen for the least squared
-  error.
+  error;
+- :class:`Int8DynamicActivationInt8WeightConfig` (``int8_dynamic_activation_int8_weight()``):
+  the int8 weight above, and activations quantized to int8 at run time over each call's own
+  range (``choose_qparams.tensor`` + ``quantize_per_tensor.tensor`` + ``dequantize``, the PT2E
+  dynamic pattern; one scale per tensor, where torchao's config of that name takes one per
+  token: the same for a decode step's single row). The fused CPU backend runs it on fbgemm's
+  int8 kernels (``fused_cpu.linear_dynamic_int8``), reading a quarter of float32's weight bytes.
 """
 
 from __future__ import annotations
@@ -26,10 +33,13 @@ import torch
 from exportir.format import quantized_ops
 
 __all__ = [
+    "DynamicInt8Linear",
     "Int4WeightOnlyConfig",
+    "Int8DynamicActivationInt8WeightConfig",
     "Int8WeightOnlyConfig",
     "WeightOnlyLinear",
     "int4_weight_only",
+    "int8_dynamic_activation_int8_weight",
     "int8_weight_only",
     "quantize_",
 ]
@@ -52,6 +62,16 @@ class Int4WeightOnlyConfig:
                 f"Int4WeightOnlyConfig: group_size must be 32, 64, 128 or 256; got "
                 f"{self.group_size}"
             )
+
+
+@dataclass(frozen=True, slots=True)
+class Int8DynamicActivationInt8WeightConfig:
+    """int8 weights, symmetric per output channel; int8 activations, affine per tensor, their
+    qparams chosen at run time."""
+
+
+def int8_dynamic_activation_int8_weight() -> Int8DynamicActivationInt8WeightConfig:
+    return Int8DynamicActivationInt8WeightConfig()
 
 
 def int8_weight_only() -> Int8WeightOnlyConfig:
@@ -145,6 +165,28 @@ class WeightOnlyLinear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {kind}"
 
 
+_ACT_EPS = torch.finfo(torch.float32).eps
+
+
+class DynamicInt8Linear(WeightOnlyLinear):
+    """A linear layer with an int8 weight whose input is quantized to int8 at run time
+    (:class:`Int8DynamicActivationInt8WeightConfig`)."""
+
+    def __init__(self, linear: torch.nn.Linear, config: Any) -> None:
+        super().__init__(linear, Int8WeightOnlyConfig())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qd = torch.ops.quantized_decomposed
+        scale, zero_point = qd.choose_qparams.tensor(x, -128, 127, _ACT_EPS, torch.int8)
+        q = qd.quantize_per_tensor.tensor(x, scale, zero_point, -128, 127, torch.int8)
+        x = qd.dequantize_per_tensor.tensor(q, scale, zero_point, -128, 127, torch.int8)
+        return torch.nn.functional.linear(x, self.dequantized_weight(), self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, int8 "
+                "weight, int8 dynamic activation")
+
+
 def _quantizable(module: torch.nn.Module, fqn: str, config: Any) -> str | None:
     """Why ``module`` cannot be quantized with ``config``, or None."""
     weight = module.weight
@@ -156,19 +198,20 @@ def _quantizable(module: torch.nn.Module, fqn: str, config: Any) -> str | None:
     return None
 
 
-_CONFIGS = (Int8WeightOnlyConfig, Int4WeightOnlyConfig)
+_CONFIGS = (Int8WeightOnlyConfig, Int4WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig)
 
 
 def quantize_(model: torch.nn.Module, config: Any,
               filter_fn: Callable[[torch.nn.Module, str], bool] | None = None) -> torch.nn.Module:
     """Replace the ``nn.Linear`` layers of ``model`` (in place; those ``filter_fn(module,
-    fqn)`` accepts) by weight-only quantized ones; returns ``model``. A layer the config cannot
+    fqn)`` accepts) by quantized ones (the module docstring's configs); returns ``model``. A layer the config cannot
     quantize (int4 needs ``in_features`` divisible by ``group_size``) raises, naming it: leave
     it out with ``filter_fn``."""
     if not isinstance(config, _CONFIGS):
         raise TypeError(
-            f"quantize_: unknown config {type(config).__name__}; use int8_weight_only() or "
-            "int4_weight_only(group_size) (Int8WeightOnlyConfig / Int4WeightOnlyConfig)"
+            f"quantize_: unknown config {type(config).__name__}; use int8_weight_only(), "
+            "int4_weight_only(group_size) or int8_dynamic_activation_int8_weight() "
+            "(Int8WeightOnlyConfig / Int4WeightOnlyConfig / Int8DynamicActivationInt8WeightConfig)"
         )
     targets = [
         (fqn, m) for fqn, m in model.named_modules()
@@ -181,8 +224,10 @@ def quantize_(model: torch.nn.Module, config: Any,
                 f"quantize_: cannot quantize linear {fqn!r}: {reason}. Leave it out: "
                 "quantize_(model, config, filter_fn=lambda m, fqn: fqn != ...)"
             )
+    kind = (DynamicInt8Linear if isinstance(config, Int8DynamicActivationInt8WeightConfig)
+            else WeightOnlyLinear)
     for fqn, module in targets:
-        _set_submodule(model, fqn, WeightOnlyLinear(module, config))
+        _set_submodule(model, fqn, kind(module, config))
     return model
 
 

@@ -22,7 +22,13 @@ from corpus import real_models as R
 from quantization.helpers import quantize
 from quantization.test_lowering import INT4_MM, INT8_MM, fused_program
 
-from exportir.quantization import int4_weight_only, int8_weight_only, quantize_
+from exportir.quantization import (
+    int4_weight_only,
+    int8_dynamic_activation_int8_weight,
+    int8_weight_only,
+    quantize_,
+)
+from exportir.runtime.backends.fused_cpu.dynamic_int8 import LINEAR_DYNAMIC_INT8, fbgemm_available
 
 CLASSES = 10
 BATCH = 16
@@ -143,6 +149,25 @@ def test_llm_weight_only_logits(tmp_path, name, config, kernel, bound):
     assert counts[kernel] == 15, counts  # 2 layers x 7 linears + lm_head
     torch.testing.assert_close(program.method("forward")(**case.kwargs)[0], got, rtol=1e-4,
                                atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not fbgemm_available(), reason="needs fbgemm (x86 torch)")
+def test_llm_dynamic_int8_logits(tmp_path):
+    """8da8w (int8 weights, activations quantized per call): logits close to float, every
+    linear on fbgemm's kernel, the program equal to the quantized model."""
+    case = R.build("llama")
+    model = case.model.eval()
+    with torch.no_grad():
+        ref = model(**case.kwargs).logits
+        quantize_(model, int8_dynamic_activation_int8_weight())
+        got = model(**case.kwargs).logits
+    assert 0.999 <= _cosine(ref, got) < 1.0
+    program, counts = fused_program(model, (), tmp_path, **case.kwargs)
+    assert counts[LINEAR_DYNAMIC_INT8] == 15, counts  # 2 layers x 7 linears + lm_head
+    assert not [n for n in counts if n.startswith("quantized_decomposed")], counts
+    torch.testing.assert_close(program.method("forward")(**case.kwargs)[0], got, rtol=1e-4,
+                               atol=1e-4)
 
 
 def _wide_llama():

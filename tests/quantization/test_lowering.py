@@ -11,7 +11,12 @@ from quantization.helpers import conv_net, quantize
 
 import exportir
 from exportir.backends.fused_cpu import FusedCpuPartitioner
-from exportir.quantization import int4_weight_only, int8_weight_only, quantize_
+from exportir.quantization import (
+    int4_weight_only,
+    int8_dynamic_activation_int8_weight,
+    int8_weight_only,
+    quantize_,
+)
 from exportir.runtime import Program
 from exportir.runtime.backends.fused_cpu.dynamic_int8 import LINEAR_DYNAMIC_INT8, fbgemm_available
 from exportir.runtime.backends.fused_cpu.format import decode_blob
@@ -168,6 +173,32 @@ def test_weight_only_linears_run_torchs_packed_kernels(tmp_path, config, kernel)
     assert counts[kernel] == 2, counts
     assert not [n for n in counts if n.startswith("quantized_decomposed")], counts
     torch.testing.assert_close(program.method("forward")(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_dynamic_int8_config_runs_fbgemm(tmp_path):
+    """quantize_ with int8_dynamic_activation_int8_weight(): the module computes the PT2E
+    dynamic pattern; its program runs each linear as one fbgemm kernel, equal to the module."""
+    if not fbgemm_available():
+        pytest.skip("this torch build has no fbgemm (not x86)")
+    model = quantize_(_mlp(2), int8_dynamic_activation_int8_weight())
+    assert "int8 dynamic activation" in repr(model)
+    x = torch.randn(3, 7, 32)
+    program, counts = fused_program(model, (x,), tmp_path)
+    assert counts[LINEAR_DYNAMIC_INT8] == 2, counts
+    assert not [n for n in counts if n.startswith("quantized_decomposed")], counts
+    for x in (torch.randn(3, 7, 32), torch.randn(3, 7, 32) * 100):
+        torch.testing.assert_close(program.method("forward")(x), model(x), rtol=1e-4,
+                                   atol=1e-4 * model(x).abs().max().item())
+    with torch.no_grad():
+        float_model = _mlp(2)
+        cos = torch.nn.functional.cosine_similarity(model(x).flatten(),
+                                                    float_model(x).flatten(), dim=0)
+    assert 0.999 < cos < 1.0
+
+
+def test_quantize_refuses_unknown_configs():
+    with pytest.raises(TypeError, match="int8_dynamic_activation_int8_weight"):
+        quantize_(_mlp(), object())
 
 
 def test_int4_weight_with_too_few_output_channels_stays_dequantized(tmp_path):

@@ -127,6 +127,7 @@ class FusedCpuPartitioner(Partitioner):
 
     def partition(self, exported_program: Any) -> PartitionResult:
         graph = exported_program.graph
+        _infer_one_symbolic_size(graph)
         parts = [
             p
             for p in _merge_independent(graph, propose_partitions(graph, self.is_supported))
@@ -157,6 +158,32 @@ class FusedCpuPartitioner(Partitioner):
                 continue
             if folded is None or node in folded:
                 node.meta[DELEGATION_TAG] = tags.pop()
+
+
+_SIZED_VIEWS = frozenset({"aten.view_copy.default", "aten.view.default",
+                          "aten._unsafe_view.default", "aten.reshape.default"})
+
+
+def _infer_one_symbolic_size(graph: Any) -> None:
+    """A view whose size list holds one symbolic size (a ``sym_size`` node), every other entry
+    a literal above 0, gets ``-1`` there instead: the same view (the one size left is the input's
+    element count over the others), and one a blob can store. Without it, the flatten before
+    each linear of a dynamic-length program (an LLM's prefill) stays outside the delegates and
+    splits them around every linear."""
+    for node in graph.nodes:
+        if node.op != "call_function" or op_name(node.target) not in _SIZED_VIEWS:
+            continue
+        if len(node.args) != 2 or node.kwargs or not isinstance(node.args[1], (list, tuple)):
+            continue
+        sizes = list(node.args[1])
+        symbolic = [i for i, v in enumerate(sizes) if isinstance(v, Node)]
+        if len(symbolic) != 1 or not all(
+                type(v) is int and v > 0 for i, v in enumerate(sizes) if i != symbolic[0]):
+            continue
+        if not isinstance(sizes[symbolic[0]].meta.get("val"), torch.SymInt):
+            continue
+        sizes[symbolic[0]] = -1
+        node.args = (node.args[0], sizes)
 
 
 def _merge_independent(graph: Any, parts: list[list[Node]]) -> list[list[Node]]:

@@ -182,13 +182,22 @@ def _dynamic_int8_input(g: Graph, v: Any) -> tuple[Any, float] | None:
     return x, choose.args[3]
 
 
+_VIEW = "aten.view_copy.default"
+
+
 def linear_dynamic_fbgemm(g: Graph, op: Op) -> bool:
     x, w, b = (*op.args, None)[:3]
+    view = g.producer(x, _VIEW) if isinstance(x, Value) else None
+    if view is not None and not view.kwargs and isinstance(view.args[0], Value):
+        x = view.args[0]  # a flatten of the dequantized input (a linear rebuilt from mm)
     found = _dynamic_int8_input(g, x) if not op.kwargs else None
     weight = _int8_weight(g, w)
     if found is None or weight is None or not _bias_ok(b):
         return False
     x, eps = found
+    if view is not None:  # the same flatten, of the float input (per-tensor qparams: the same)
+        x = g.emit_before(op, _VIEW, [x, view.args[1]], view.out.meta.shape, torch.float32,
+                          view.nodes)
     _, wq, ws = weight
     post = "none"
     reader = g.only_reader(op.out)

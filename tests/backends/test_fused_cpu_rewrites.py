@@ -539,6 +539,36 @@ def test_lowering_a_dynamic_program_decides_no_symbolic_size():
         torch.testing.assert_close(method(inp), model(inp))
 
 
+class _TwoLinears(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)) * 2)
+
+
+def test_a_dynamic_length_flatten_joins_the_delegate():
+    """The flatten before each linear of a [1, T, K] input has the symbolic size T; the
+    partitioner writes it as -1, so the whole model is one delegate (it was three, split at
+    each view the runtime had to run) and runs at every length."""
+    from exportir import Dim
+
+    torch.manual_seed(0)
+    model = _TwoLinears().eval()
+    ep = export(model, (torch.randn(1, 5, 16),), dynamic_shapes=({1: Dim("t", min=2, max=64)},))
+    edge = to_edge_transform_and_lower(ep, partitioner=[FusedCpuPartitioner()])
+    graph = edge.exported_program().graph
+    top = [n.target.__name__ if hasattr(n.target, "__name__") else str(n.target)
+           for n in graph.nodes if n.op == "call_function"]
+    assert sum("call_delegate" in t for t in top) == 1, top
+    assert not [t for t in top if "view" in t], top
+    method = Program.load(edge.to_program().buffer).method("forward")
+    for t in (2, 17, 64):
+        x = torch.randn(1, t, 16)
+        torch.testing.assert_close(method(x), model(x))
+
+
 class InvertedResidual(nn.Module):
     """A MobileNetV2 block at a small size (the depthwise convolution is below
     ``SMALL_CONV_MACS``), then an EfficientNet squeeze-excite on its output."""

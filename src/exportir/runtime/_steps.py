@@ -1,6 +1,6 @@
 """The compiled steps of a method: how one instruction runs, checked or bare.
 
-:class:`~exportir.runtime.method.MethodState` compiles each instruction into a checked *step*
+:class:`~exportir.runtime._state.MethodState` compiles each instruction into a checked *step*
 (``step(values) -> next index``) and, where shapes cannot vary, a bare call; the helpers that
 build them live here: kernel steps (:func:`kernel_step`), delegate calls, fresh outputs, moves
 and the checks of a kernel's outputs against the plan (:func:`store`, :func:`check_capacity`).
@@ -8,6 +8,8 @@ and the checks of a kernel's outputs against the plan (:func:`store`, :func:`che
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import functools
 import operator
 from collections.abc import Callable, Sequence
@@ -16,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from exportir.format import schema
 from exportir.runtime.errors import LimitBreach
 from exportir.runtime.kernels import Kernel
 
 if TYPE_CHECKING:
-    from exportir.runtime.method import MethodState
+    from exportir.runtime._state import MethodState
 
 Step = Callable[[list[Any]], int]
 
@@ -341,3 +344,50 @@ def _invoker(
     return invoke
 
 
+def _locked(call: Callable[[], object], lock: Any) -> Callable[[], object]:
+    if isinstance(lock, contextlib.nullcontext):
+        return call
+
+    def locked() -> object:
+        with lock:
+            return call()
+
+    return locked
+
+
+def _mentions(meta: schema.Method, lists: dict[int, tuple[int, ...]]) -> collections.Counter[int]:
+    """How often each value is named: by instruction arguments (list items included), and
+    twice (so never "unread") as a method output or input, the base of a view, or state."""
+    counts: collections.Counter[int] = collections.Counter()
+
+    def name(index: int, times: int = 1) -> None:
+        counts[index] += times
+        for item in lists.get(index, ()):
+            counts[item] += times
+
+    for ins in meta.instructions:
+        match ins:
+            case schema.KernelCall(args=args) | schema.DelegateCall(args=args):
+                for i in args:
+                    name(i)
+                for i in getattr(ins, "outputs", ()):
+                    name(i)
+            case schema.MoveCall(src=src, dst=dst):
+                name(src, 2)
+                name(dst)
+            case schema.JumpFalseCall(cond_value=cond):
+                name(cond, 2)
+            case schema.FreeCall(value=v):
+                name(v)
+    for i in meta.outputs:
+        name(i, 2)
+    for i in meta.inputs:  # the caller reads what is written into its tensors
+        name(i, 2)
+    for i, v in enumerate(meta.values):
+        if not isinstance(v, schema.Tensor):
+            continue
+        if isinstance(v.storage, schema.ViewOf):
+            name(v.storage.base, 2)
+        if v.initial is not None:  # state: read by the next call
+            name(i, 2)
+    return counts

@@ -326,7 +326,7 @@ def test_emitted_plans_verify():
 
 
 def test_symbolic_sizes_plan_their_upper_bound():
-    from exportir.program._emit_method import _size_bound
+    from exportir.program._emit_values import _size_bound
     from exportir.symbolic.shape_env import ShapeEnv
 
     env = ShapeEnv()

@@ -7,9 +7,6 @@ created (:mod:`planning`) and freezes everything into a :class:`schema.Method`.
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,10 +16,21 @@ from exportir.fx import Node
 from exportir.fx.node import map_arg
 from exportir.program import kernels
 from exportir.program._debug_nodes import DebugNodes
-from exportir.program._emit_loops import LOOPS
+from exportir.program._emit_control_flow import CONTROL_FLOW
+from exportir.program._emit_program import ProgramBuilder, tensor_bytes
+from exportir.program._emit_values import (
+    _TENSORS,
+    _dim_order,
+    _finalize,
+    _nbytes,
+    _numel,
+    _order_of,
+    _PendingTensor,
+    _same_layout,
+    _size_bound,
+)
 from exportir.program._input_dims import input_sizes
 from exportir.program.kernels import EmitError, source_line
-from exportir.program.weights import DeferredWeight
 
 _CONSTANT_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
 _RUNTIME_SCALARS = (schema.Int, schema.Double, schema.Bool)
@@ -44,117 +52,6 @@ _UNINITIALIZED = frozenset({
     "aten::new_empty", "aten::new_empty_strided",
 })
 _MUTATION_KINDS = ("BUFFER_MUTATION", "PARAMETER_MUTATION")
-
-
-class ProgramBuilder:
-    """Constant buffers and delegate blobs shared by all methods (deduplicated by content)."""
-
-    def __init__(self) -> None:
-        self.constants: list[schema.ConstantBuffer] = []
-        self.delegates: list[schema.Delegate] = []
-        self._constant_index: dict[bytes, int] = {}
-        self._delegate_index: dict[tuple[Any, ...], int] = {}
-        # names of the buffers every method keeps as one shared state (EmitConfig)
-        self.shared: frozenset[str] = frozenset()
-        self._deferred_index: dict[tuple[str, str], int] = {}
-
-    def constant(self, data: bytes) -> int:
-        key = hashlib.sha256(data).digest()
-        found = self._constant_index.get(key)
-        if found is None:
-            found = self._constant_index[key] = len(self.constants)
-            self.constants.append(schema.ConstantBuffer(data))
-        return found
-
-    def deferred(self, t: torch.Tensor, name: str, state: bool = False) -> int:
-        """A constant whose bytes are attached later (a meta tensor: see ``weights``)."""
-        key = ("deferred", name)
-        found = self._deferred_index.get(key)
-        if found is None:
-            found = self._deferred_index[key] = len(self.constants)
-            weight = DeferredWeight(name, t.dtype, tuple(t.shape), state)
-            self.constants.append(schema.ConstantBuffer(weight))  # type: ignore[arg-type]  # bytes come with attach_weights
-        return found
-
-    def delegate(self, lowered: Any) -> int:
-        specs = tuple(
-            schema.CompileSpec(str(s.key), bytes(s.value)) for s in (lowered.compile_specs or ())
-        )
-        data = bytes(lowered.processed_bytes)
-        key = (str(lowered.backend_id), hashlib.sha256(data).digest(), specs)
-        found = self._delegate_index.get(key)
-        if found is None:
-            found = self._delegate_index[key] = len(self.delegates)
-            self.delegates.append(schema.Delegate(str(lowered.backend_id), data, specs))
-        return found
-
-
-def tensor_bytes(t: torch.Tensor) -> bytes:
-    """Contiguous little-endian bytes of a real tensor."""
-    flat = t.detach().cpu().contiguous().reshape(-1)
-    return flat.view(torch.uint8).numpy().tobytes()
-
-
-@dataclass(slots=True)
-class _PendingTensor:
-    """A tensor whose storage is decided at the end (planned or runtime-allocated)."""
-
-    dtype: schema.ScalarType
-    sizes: tuple[int, ...]
-    dim_order: tuple[int, ...]
-    dynamic: bool
-    bounded: bool
-    name: str
-    initial: int | None = None
-
-
-_TENSORS = (schema.Tensor, _PendingTensor)
-
-
-def _stride_hint(stride: Any) -> int | None:
-    """A stride's static value, or a symbolic stride's value at the example inputs. Never
-    ``int(stride)``: that guards, and the guard would specialize the exported program's shape
-    symbols to their example values (every later dynamic size would be planned static)."""
-    if isinstance(stride, int):
-        return stride
-    hint = getattr(getattr(stride, "node", None), "hint", None)
-    return hint if isinstance(hint, int) else None
-
-
-def _dim_order(val: Any) -> tuple[int, ...]:
-    strides = [_stride_hint(s) for s in val.stride()]
-    if any(s is None for s in strides):
-        return tuple(range(val.dim()))
-    return _order_of(strides)
-
-
-def _order_of(strides: Sequence[int]) -> tuple[int, ...]:
-    return tuple(sorted(range(len(strides)), key=lambda d: (-strides[d], d)))
-
-
-def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Same sizes and the same strides wherever a stride matters (dimensions of size > 1)."""
-    return a.shape == b.shape and all(
-        n <= 1 or x == y for n, x, y in zip(a.shape, a.stride(), b.stride())
-    )
-
-
-def _size_bound(size: Any) -> tuple[int, bool]:
-    """(static size or upper bound, bounded?) of one dimension."""
-    if isinstance(size, int):
-        return size, True
-    node = getattr(size, "node", None)
-    env, expr = getattr(node, "shape_env", None), getattr(node, "expr", None)
-    if env is not None and expr is not None and hasattr(env, "bound"):
-        try:
-            upper = env.bound(expr).upper
-        except (TypeError, ValueError, AttributeError):
-            upper = None
-        if getattr(upper, "is_Integer", False) or isinstance(upper, int):
-            return max(int(upper), 0), True
-    hint = getattr(node, "hint", None)
-    hint = hint() if callable(hint) else hint
-    return (hint if isinstance(hint, int) and hint >= 0 else 0), False
 
 
 class MethodEmitter:
@@ -679,36 +576,6 @@ class MethodEmitter:
             raise EmitError(f"node {node.name!r}: getitem {idx!r} of {src!r} has no value")
         self.node_value[node] = items[idx]
 
-    def emit_cond(self, node: Node) -> None:
-        """``cond(pred, true_graph, false_graph, operands)`` as ExecuTorch emits it::
-
-            JumpFalseCall(pred, false_start)
-            <true branch>;  MoveCall(result_i -> out_i)...
-            JumpFalseCall(False, end)            # over the false branch
-            false_start: <false branch>;  MoveCall(result_i -> out_i)...
-            end:
-
-        Both branches write the cond's own output values, which the rest of the method reads;
-        branch-local values are planned like any others (jumps only go forward)."""
-        pred, true_attr, false_attr, operands = node.args
-        val = node.meta.get("val")
-        if isinstance(val, (list, tuple)):
-            outs = tuple(self.new_tensor(v, f"{node.name}_{i}") for i, v in enumerate(val))
-            self.node_items[node] = outs
-        else:
-            outs = (self.new_tensor(val, node.name),)
-            self.node_value[node] = outs[0]
-        if isinstance(pred, Node):
-            pred_ref = self.node_ref(pred)
-        else:  # a Python bool predicate (the operator called directly)
-            pred_ref = self.literal(schema.Bool(bool(pred)))
-        to_false = self.open_jump(pred_ref, node)
-        self.emit_branch(kernels.get_attr(self.gm, true_attr.target), operands, outs, node)
-        to_end = self.open_jump(self.literal(schema.Bool(False)), node)
-        self.close_jump(to_false)
-        self.emit_branch(kernels.get_attr(self.gm, false_attr.target), operands, outs, node)
-        self.close_jump(to_end)
-
     def open_jump(self, cond_ref: int, node: Node) -> int:
         """A ``JumpFalseCall`` whose destination :meth:`close_jump` sets; returns its index."""
         self.emit_instruction(lambda d: schema.JumpFalseCall(cond_ref, -1, d), node)
@@ -720,22 +587,6 @@ class MethodEmitter:
         self.instructions[index] = schema.JumpFalseCall(
             jump.cond_value, len(self.instructions), jump.debug
         )
-
-    def emit_branch(self, body: Any, operands: Any, outs: tuple[int, ...], node: Node) -> None:
-        """Emit ``body``'s nodes inline (its placeholders bound to ``operands``), then move its
-        results into ``outs``."""
-        placeholders = body.graph.find_nodes(op="placeholder")
-        for ph, operand in zip(placeholders, operands):
-            if not isinstance(operand, Node):
-                raise EmitError(f"cond node {node.name!r}: operand {operand!r} is not a node")
-            for table in (self.node_value, self.node_items, self.constants):
-                if operand in table:
-                    table[ph] = table[operand]
-        results = self.inline_body(body)
-        output = body.graph.output_node()
-        for value, out in zip(results, outs):
-            src = self.output_ref(value)
-            self.emit_instruction(lambda d, s=src, t=out: schema.MoveCall(s, t, d), output)
 
     def inline_body(self, body: Any) -> list[Any]:
         """Emit the nodes of a control-flow body (its placeholders already bound) into this
@@ -758,10 +609,7 @@ class MethodEmitter:
         return []
 
     def emit_call(self, node: Node) -> None:
-        if node.target is torch.ops.higher_order.cond:
-            self.emit_cond(node)
-            return
-        loop = LOOPS.get(node.target)
+        loop = CONTROL_FLOW.get(node.target)
         if loop is not None:
             loop(self, node)
             return
@@ -939,25 +787,6 @@ def _zeros_like_val(node: Node) -> torch.Tensor | None:
     return torch.zeros(val.shape, dtype=val.dtype)
 
 
-def _numel(sizes: Sequence[int]) -> int:
-    n = 1
-    for s in sizes:
-        n *= s
-    return n
-
-
-def _nbytes(v: _PendingTensor) -> int:
-    return schema.ELEMENT_SIZE[v.dtype] * _numel(v.sizes)
-
-
-def _finalize(v: Any, plan: planning.MemoryPlan, index: int) -> schema.EValue:
-    if not isinstance(v, _PendingTensor):
-        return v
-    alloc = plan.allocations.get(index)
-    storage: schema.Storage = alloc if alloc is not None else schema.DynamicStorage()
-    return schema.Tensor(v.dtype, v.sizes, v.dim_order, storage, v.dynamic, v.initial)
-
-
 def _spec_json(ep: Any, which: int) -> str:
     from exportir.pytree import treespec_dumps
 
@@ -967,30 +796,3 @@ def _spec_json(ep: Any, which: int) -> str:
     except (TypeError, ValueError, NotImplementedError, AttributeError):  # unserializable spec:
         # left out; the method stays callable with flat inputs
         return ""
-
-
-def constant_method(name: str, value: Any, program: ProgramBuilder) -> schema.Method:
-    """A method without instructions that returns ``value`` (or each item of a tuple/list)."""
-    items: Sequence[Any] = value if isinstance(value, (list, tuple)) else (value,)
-    values: list[schema.EValue] = []
-    for item in items:
-        if isinstance(item, torch.Tensor):
-            buffer = program.constant(tensor_bytes(item))
-            values.append(schema.Tensor(kernels.scalar_type(item.dtype), tuple(item.shape),
-                                        tuple(range(item.dim())), schema.ConstantData(buffer)))
-        elif isinstance(item, bool):
-            values.append(schema.Bool(item))
-        elif isinstance(item, int):
-            values.append(schema.Int(item))
-        elif isinstance(item, float):
-            values.append(schema.Double(item))
-        elif isinstance(item, str):
-            values.append(schema.String(item))
-        elif item is None:
-            values.append(schema.Null())
-        else:
-            raise EmitError(f"constant method {name!r}: unsupported value {item!r}")
-    return schema.Method(
-        name=name, values=tuple(values), inputs=(), outputs=tuple(range(len(values))),
-        operators=(), instructions=(), debug=(), plan=schema.MethodPlan(),
-    )

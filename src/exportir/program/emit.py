@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from exportir.format import planning, schema, validate
-from exportir.program import _emit_method, kernels
+from exportir.program import _emit_method, _emit_program, kernels
 from exportir.program.kernels import (
     ControlFlowNotSupportedError,
     EmitError,
@@ -169,7 +169,7 @@ def emit_program(
     """
     config = config or EmitConfig()
     check_kernel_coverage(methods, config)
-    builder = _emit_method.ProgramBuilder()
+    builder = _emit_program.ProgramBuilder()
     if config.share_mutable_buffers:
         builder.shared = _shared_buffers(methods)
     emitted = []
@@ -178,7 +178,7 @@ def emit_program(
     for name in sorted(constant_methods or {}):
         if name in methods:
             raise EmitError(f"constant method {name!r} clashes with a method of the same name")
-        emitted.append(_emit_method.constant_method(name, constant_methods[name], builder))
+        emitted.append(_emit_program.constant_method(name, constant_methods[name], builder))
     looping = any(planning.loops(m.instructions) for m in emitted)
     program = schema.Program(
         version=schema.LOOP_FORMAT_VERSION if looping else schema.FORMAT_VERSION,

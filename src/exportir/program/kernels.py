@@ -398,7 +398,7 @@ def classify(node: Node, gm: Any) -> str:
 EMITTER_OUT_VARIANTS: dict[str, str] = {
     "aten::scalar_tensor.out": "a run-time scalar used as a Tensor operand (scalar_as_tensor)",
     "aten::index_copy.out": "a map loop writes iteration i's result into row i of the stacked "
-                            "output (program._emit_loops)",
+                            "output (program._emit_control_flow)",
 }
 
 # Out variants of edge ops that program files may not name: op -> why. The runtime's kernel

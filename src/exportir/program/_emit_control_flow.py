@@ -1,4 +1,16 @@
-"""``map`` and ``torch.while_loop`` emitted as loops (format 3: a jump back closes a loop).
+"""Control flow: ``cond`` as forward jumps, ``map`` and ``torch.while_loop`` as loops (format 3:
+a jump back closes a loop).
+
+Cond, as ExecuTorch emits it::
+
+    JumpFalseCall(pred, false_start)
+    <true branch>;  MoveCall(result_i -> out_i)...
+    JumpFalseCall(False, end)            # over the false branch
+    false_start: <false branch>;  MoveCall(result_i -> out_i)...
+    end:
+
+Both branches write the cond's own output values, which the rest of the method reads;
+branch-local values are planned like any others (jumps only go forward).
 
 ExecuTorch emits ``map`` the same way (``exir/emit/_emitter.py``, ``_emit_map``): a counter, the
 body once, a copy of each iteration's results into the outputs at the counter's row, and a
@@ -190,7 +202,48 @@ def emit_while(em: MethodEmitter, node: Node) -> None:
     em.close_jump(to_end)
 
 
-LOOPS = {
+def emit_cond(em: MethodEmitter, node: Node) -> None:
+    """``cond(pred, true_graph, false_graph, operands)`` (module docstring)."""
+    pred, true_attr, false_attr, operands = node.args
+    val = node.meta.get("val")
+    if isinstance(val, (list, tuple)):
+        outs = tuple(em.new_tensor(v, f"{node.name}_{i}") for i, v in enumerate(val))
+        em.node_items[node] = outs
+    else:
+        outs = (em.new_tensor(val, node.name),)
+        em.node_value[node] = outs[0]
+    if isinstance(pred, Node):
+        pred_ref = em.node_ref(pred)
+    else:  # a Python bool predicate (the operator called directly)
+        pred_ref = em.literal(schema.Bool(bool(pred)))
+    to_false = em.open_jump(pred_ref, node)
+    _branch(em, kernels.get_attr(em.gm, true_attr.target), operands, outs, node)
+    to_end = em.open_jump(em.literal(schema.Bool(False)), node)
+    em.close_jump(to_false)
+    _branch(em, kernels.get_attr(em.gm, false_attr.target), operands, outs, node)
+    em.close_jump(to_end)
+
+
+def _branch(em: MethodEmitter, body: Any, operands: Any, outs: tuple[int, ...],
+            node: Node) -> None:
+    """Emit ``body``'s nodes inline (its placeholders bound to ``operands``), then move its
+    results into ``outs``."""
+    placeholders = body.graph.find_nodes(op="placeholder")
+    for ph, operand in zip(placeholders, operands):
+        if not isinstance(operand, Node):
+            raise EmitError(f"cond node {node.name!r}: operand {operand!r} is not a node")
+        for table in (em.node_value, em.node_items, em.constants):
+            if operand in table:
+                table[ph] = table[operand]
+    results = em.inline_body(body)
+    output = body.graph.output_node()
+    for value, out in zip(results, outs):
+        src = em.output_ref(value)
+        em.emit_instruction(lambda d, s=src, t=out: schema.MoveCall(s, t, d), output)
+
+
+CONTROL_FLOW = {
+    torch.ops.higher_order.cond: emit_cond,
     torch.ops.higher_order.map_impl: emit_map,
     torch.ops.higher_order.while_loop: emit_while,
 }

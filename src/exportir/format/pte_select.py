@@ -49,7 +49,7 @@ _RANGE = {S.BYTE: (0, 255), S.CHAR: (-128, 127), S.SHORT: (-(1 << 15), (1 << 15)
 class _ScalarForm:
     """How ``op.out(a, b, ...)`` reads with a scalar: ``overload`` when the constant is ``b``;
     ``swapped`` (name, overload) when it is ``a`` (None: no such form); ``alpha``: the call has
-    an alpha argument after the operands (a swap needs it to be 1, except for ``rsub``)."""
+    an alpha argument after the operands (a swap needs it to be 1)."""
 
     overload: str
     swapped: tuple[str, str] | None
@@ -58,7 +58,9 @@ class _ScalarForm:
 
 _SCALAR_FORMS: dict[tuple[str, str], _ScalarForm] = {
     ("aten::add", "out"): _ScalarForm("Scalar_out", ("aten::add", "Scalar_out"), alpha=True),
-    ("aten::sub", "out"): _ScalarForm("Scalar_out", ("aten::rsub", "Scalar_out"), alpha=True),
+    # (not rsub.Scalar_out for a constant first: exportir's runtime, which reads .pte files
+    # too, has no such kernel)
+    ("aten::sub", "out"): _ScalarForm("Scalar_out", None, alpha=True),
     ("aten::mul", "out"): _ScalarForm("Scalar_out", ("aten::mul", "Scalar_out"), alpha=False),
     ("aten::div", "out"): _ScalarForm("Scalar_out", None, alpha=False),
 }
@@ -68,7 +70,7 @@ _CAST = ("aten::_to_copy", "out")
 # element of the out: the out may be that operand.
 _ELEMENTWISE = frozenset({
     "aten::add.out", "aten::add.Scalar_out", "aten::sub.out", "aten::sub.Scalar_out",
-    "aten::rsub.Scalar_out", "aten::mul.out", "aten::mul.Scalar_out", "aten::div.out",
+    "aten::mul.out", "aten::mul.Scalar_out", "aten::div.out",
     "aten::div.Scalar_out",
 })
 

@@ -265,7 +265,8 @@ def _in_place(m: schema.Method, pc: int, move: schema.MoveCall) -> int | None:
                             and isinstance(v.storage, schema.ViewOf)
                             and v.storage.base == move.dst}
     writers = [k for k, ins in enumerate(m.instructions[:pc]) if isinstance(
-        ins, schema.KernelCall) and move.src in _returns(m, ins)[1]]
+        ins, schema.KernelCall) and move.src in _returns(m, ins)[1]
+        or isinstance(ins, schema.MoveCall) and ins.dst == move.src]
     if len(writers) != 1 or any(move.src in _mentions(m, ins)
                                 for ins in m.instructions[pc + 1:]):
         return None
@@ -273,6 +274,8 @@ def _in_place(m: schema.Method, pc: int, move: schema.MoveCall) -> int | None:
     if any(aliases & _mentions(m, ins) for ins in m.instructions[w + 1:pc]):
         return None
     ins = m.instructions[w]
+    if not isinstance(ins, schema.KernelCall):
+        return None
     name, outs = _returns(m, ins)
     if outs != [move.src] or ins.args.count(move.src) != 1:
         return None

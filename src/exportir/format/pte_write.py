@@ -21,6 +21,7 @@ import flatbuffers
 from exportir.format import _pte_fbs as fbs
 from exportir.format import schema
 from exportir.format.pte_kernels import PTE_KERNELS
+from exportir.format.pte_select import select_kernels
 
 __all__ = [
     "PteEncodeError",
@@ -792,7 +793,8 @@ def write_pte(program: schema.Program) -> bytes:
     check_pte_coverage(program)
     constants = _Constants(program.constants)
     mutable: list[int] = []
-    methods = [_MethodEncoder(m, constants, mutable).encode() for m in program.methods]
+    methods = [_MethodEncoder(select_kernels(m, program.constants), constants, mutable).encode()
+               for m in program.methods]
     data, const_offsets = constants.layout(fbs.TENSOR_ALIGNMENT)
     mutable_ref = None
     if mutable:  # a subsegment of the same segment: no second segment alignment to pad to

@@ -34,9 +34,8 @@ from __future__ import annotations
 import keyword
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from types import CodeType
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -56,8 +55,7 @@ class FusedCpuExecutionError(RuntimeError):
     """An op of the blob failed; the message names the op and its graph node."""
 
 
-@dataclass(frozen=True, slots=True)
-class FusedProgram:
+class FusedProgram(NamedTuple):
     """A loaded blob (the runtime's delegate handle): ``fn(*inputs)`` runs it."""
 
     num_values: int

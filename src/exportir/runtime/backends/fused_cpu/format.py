@@ -29,8 +29,7 @@ import json
 import math
 import struct
 import warnings
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -77,8 +76,7 @@ class FusedCpuBlobError(ValueError):
     """A malformed blob; the message names the field."""
 
 
-@dataclass(frozen=True, slots=True)
-class OpRow:
+class OpRow(NamedTuple):
     """One decoded op: table name, arguments (``Ref`` for slots), output slots."""
 
     name: str
@@ -90,8 +88,7 @@ class OpRow:
     inplace: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Blob:
+class Blob(NamedTuple):
     """A decoded, validated blob."""
 
     num_values: int
@@ -161,7 +158,8 @@ def _op(entry: Any, i: int, slots: int, inplace: Any) -> OpRow:
     return OpRow(name, node, decoded_args, decoded_kwargs, out_slots, multi, bool(inplace))
 
 
-def _constant(entry: Any, i: int, slots: int, data: memoryview) -> tuple[int, torch.Tensor]:
+def _constant(entry: Any, i: int, slots: int, data: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """Constant ``i``: a view of ``data``, the blob's data segment as bytes (:func:`_bytes`)."""
     field = f"constants[{i}]"
     row = _list(entry, field)
     if len(row) != 5:
@@ -185,12 +183,20 @@ def _constant(entry: Any, i: int, slots: int, data: memoryview) -> tuple[int, to
     # A view of the blob, not a copy: the blob views the program's bytes or its mapped file,
     # which the loaded program keeps alive (and the tensor keeps its buffer alive). The
     # executor never writes a constant (plan.inplace_hazard), so read-only memory is fine.
+    raw = data[offset : offset + nbytes]
+    if raw.data_ptr() % dtype.itemsize or raw.storage_offset() % dtype.itemsize:
+        raw = raw.clone()  # a blob not laid out by preprocess: own copy
+    return slot, raw.view(dtype).view(dims)
+
+
+def _bytes(data: memoryview) -> torch.Tensor:
+    """The data segment as one uint8 tensor viewing it (constants slice it: one
+    ``frombuffer``, and one warning filter, per blob instead of per constant)."""
+    if not len(data):
+        return torch.empty(0, dtype=torch.uint8)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given buffer is not writable")
-        tensor = torch.frombuffer(data, dtype=dtype, count=numel, offset=offset)
-    if tensor.data_ptr() % dtype.itemsize:  # a blob not laid out by preprocess: own copy
-        tensor = tensor.clone()
-    return slot, tensor.view(dims)
+        return torch.frombuffer(data, dtype=torch.uint8)
 
 
 def _header(blob: bytes | memoryview) -> tuple[dict[str, Any], memoryview]:
@@ -241,9 +247,13 @@ def _decode(header: dict[str, Any], data: memoryview) -> Blob:
         num_values=slots,
         inputs=tuple(_int(s, "inputs", slots) for s in _list(header["inputs"], "inputs")),
         outputs=tuple(_int(s, "outputs", slots) for s in _list(header["outputs"], "outputs")),
-        constants=tuple(
-            _constant(c, i, slots, data)
-            for i, c in enumerate(_list(header["constants"], "constants"))
-        ),
+        constants=_constants(_list(header["constants"], "constants"), slots, data),
         ops=tuple(_op(e, i, slots, inplace[i]) for i, e in enumerate(ops)),
     )
+
+
+def _constants(entries: list[Any], slots: int, data: memoryview) -> tuple[tuple[int, Any], ...]:
+    if not entries:
+        return ()
+    segment = _bytes(data)
+    return tuple(_constant(c, i, slots, segment) for i, c in enumerate(entries))

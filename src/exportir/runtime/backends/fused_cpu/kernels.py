@@ -19,9 +19,9 @@ The table is closed: a blob names an entry or is refused; it never names a calla
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import torch
 
@@ -52,8 +52,15 @@ _nn = torch._C._nn
 _T = torch.Tensor
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
+# The value types of this package are NamedTuples (and Ref a small slotted class), not frozen
+# dataclasses: the package is imported by the first load of a program with a fused delegate,
+# and making a frozen dataclass compiles its methods from source each time (~0.6 ms a class,
+# ten classes were most of that import).
+
+_NO_KWARGS: Mapping[str, Any] = MappingProxyType({})
+
+
+class Call(NamedTuple):
     """How one op runs: ``fn(*args, **kwargs)`` (``form="call"``), ``args[0][args[1]]``
     (``"item"``) or ``args[0]`` itself (``"alias"``). ``splat``: the second argument, a list of
     ints, may be passed as separate ints (``x.reshape(2, 3)`` parses faster than
@@ -62,12 +69,11 @@ class Call:
     form: str
     fn: Any = None
     args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    kwargs: Mapping[str, Any] = _NO_KWARGS
     splat: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Kernel:
+class Kernel(NamedTuple):
     """``fn`` computes the ATen op from its normalised arguments; ``inplace`` (same arguments)
     overwrites and returns the first; ``alias``: the result may share memory with the first
     argument; ``bind(args, kwargs) -> Call`` replaces the default ``Call("call", fn, ...)``;
@@ -85,11 +91,31 @@ class Kernel:
     splat: bool = False  # ``fn`` takes its int-list argument as separate ints too
 
 
-@dataclass(frozen=True, slots=True)
 class Ref:
-    """An argument reading value slot ``slot``."""
+    """An argument reading value slot ``slot`` (immutable; equal when the slots are)."""
 
+    __slots__ = ("slot",)
     slot: int
+
+    def __init__(self, slot: int) -> None:
+        object.__setattr__(self, "slot", slot)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"Ref is immutable: cannot set {name!r}")
+
+    __delattr__ = __setattr__
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Ref and other.slot == self.slot
+
+    def __hash__(self) -> int:
+        return hash((Ref, self.slot))
+
+    def __repr__(self) -> str:
+        return f"Ref(slot={self.slot!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Ref, (self.slot,))
 
 
 class SchemaMismatch(ValueError):
@@ -412,6 +438,44 @@ def _schema(name: str) -> Any:
     return getattr(getattr(getattr(torch.ops, namespace), packet), overload)._schema
 
 
+class _Param(NamedTuple):
+    name: str
+    kwarg_only: bool
+    has_default: bool
+    default: Any
+    type_text: str
+
+
+class _Signature(NamedTuple):
+    """An op's schema as plain Python values, read from torch once per op name (its
+    attributes are C++ objects: reading them for every op of every blob was most of
+    :func:`normalize`'s time)."""
+
+    params: tuple[_Param, ...]
+    positional: tuple[_Param, ...]
+    by_name: dict[str, _Param]
+    returns: tuple[str, ...]
+    int_bounds: tuple[tuple[int, str, int], ...]  # (position or -1, name, least)
+
+
+@functools.cache
+def _signature(name: str) -> _Signature:
+    schema = _schema(name)
+    params = tuple(
+        _Param(a.name, a.kwarg_only, a.has_default_value(),
+               a.default_value if a.has_default_value() else None, str(a.type))
+        for a in schema.arguments
+    )  # fmt: skip
+    positional = tuple(a for a in params if not a.kwarg_only)
+    bounds = tuple(
+        (next((i for i, a in enumerate(positional) if a.name == arg), -1), arg, least)
+        for arg, least in INT_ARGUMENT_MINIMUM.items()
+        if any(a.name == arg for a in params)
+    )
+    return _Signature(params, positional, {a.name: a for a in params},
+                      tuple(str(r.type) for r in schema.returns), bounds)  # fmt: skip
+
+
 def _has_ref(x: Any) -> bool:
     if isinstance(x, list):
         return any(_has_ref(v) for v in x)
@@ -436,14 +500,12 @@ def _fits(type_text: str, value: Any) -> bool:
 def normalize(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict]:
     """The arguments with every positional schema argument given positionally (defaults
     filled in before the last one given) and only keyword-only ones by name."""
-    schema = _schema(name)
-    params = schema.arguments
-    positional = [a for a in params if not a.kwarg_only]
+    sig = _signature(name)
+    positional = sig.positional
     if len(args) > len(positional):
         raise SchemaMismatch(f"takes {len(positional)} positional arguments; got {len(args)}")
-    names = {a.name: a for a in params}
     for key in kwargs:
-        if key not in names:
+        if key not in sig.by_name:
             raise SchemaMismatch(f"unknown argument {key!r}")
     given = {a.name: v for a, v in zip(positional, args)}
     for key, value in kwargs.items():
@@ -455,16 +517,17 @@ def normalize(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple
     for a in positional[: last + 1]:
         if a.name in given:
             pos.append(given[a.name])
-        elif a.has_default_value():
-            pos.append(a.default_value)
+        elif a.has_default:
+            pos.append(a.default)
         else:
             raise SchemaMismatch(f"missing argument {a.name!r}")
-    for a in params:
-        if a.name not in given and not a.has_default_value():
-            raise SchemaMismatch(f"missing argument {a.name!r}")
-        if a.name in given and not _fits(str(a.type), given[a.name]):
-            raise SchemaMismatch(f"argument {a.name!r} of type {a.type} got {given[a.name]!r}")
-    kw = {a.name: given[a.name] for a in params if a.kwarg_only and a.name in given}
+    for a in sig.params:
+        if a.name not in given:
+            if not a.has_default:
+                raise SchemaMismatch(f"missing argument {a.name!r}")
+        elif not _fits(a.type_text, given[a.name]):
+            raise SchemaMismatch(f"argument {a.name!r} of type {a.type_text} got {given[a.name]!r}")
+    kw = {a.name: given[a.name] for a in sig.params if a.kwarg_only and a.name in given}
     return tuple(pos), kw
 
 
@@ -478,10 +541,8 @@ INT_ARGUMENT_MINIMUM: dict[str, int] = {
 
 
 def _check_int_bounds(name: str, pos: tuple, kw: dict) -> None:
-    params = _schema(name).arguments
-    given = {a.name: v for a, v in zip((a for a in params if not a.kwarg_only), pos)} | kw
-    for arg, least in INT_ARGUMENT_MINIMUM.items():
-        value = given.get(arg)
+    for at, arg, least in _signature(name).int_bounds:
+        value = pos[at] if 0 <= at < len(pos) else kw.get(arg)
         for item in value if isinstance(value, list) else [value]:
             if type(item) is int and item < least:
                 raise SchemaMismatch(f"argument {arg!r} has {item}; it must be >= {least}")
@@ -492,7 +553,7 @@ def check_args(name: str, args: tuple, kwargs: dict, n_outs: int, multi: bool) -
     literal integer arguments their bounds, :data:`INT_ARGUMENT_MINIMUM`)."""
     pos, kw = normalize(name, args, kwargs)
     _check_int_bounds(name, pos, kw)
-    returns = [str(r.type) for r in _schema(name).returns]
+    returns = list(_signature(name).returns)
     if returns == ["List[Tensor]"]:
         if not multi:
             raise SchemaMismatch("returns a list: outs must be a list")
@@ -517,7 +578,7 @@ def bind(
     kernel = KERNELS[name]
     pos, kw = normalize(name, args, kwargs)
     if kernel.keywords:
-        params = [a.name for a in _schema(name).arguments if not a.kwarg_only]
+        params = [a.name for a in _signature(name).positional]
         moved = {p: v for p, v in zip(params, pos) if p in kernel.keywords}
         pos = tuple(v for p, v in zip(params, pos) if p not in kernel.keywords)
         kw = {**moved, **kw}

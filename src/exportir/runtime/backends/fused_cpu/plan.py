@@ -19,16 +19,14 @@ never disagree.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from exportir.runtime.backends.fused_cpu.kernels import KERNELS, Ref
 
 __all__ = ["Plan", "first_ref", "inplace_hazard", "plan", "refs"]
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
+class Plan(NamedTuple):
     """``defined``: op index defining each slot (-1 for inputs and constants); ``last_use``:
     op index of each slot's last reader (``len(ops)`` for outputs, absent if never read);
     ``root``: the slot whose memory each slot may share; ``external``: inputs and constants;

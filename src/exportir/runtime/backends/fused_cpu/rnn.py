@@ -17,8 +17,7 @@ reads ``in`` features, later layers ``D * R`` (D = 2 when bidirectional).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -32,8 +31,7 @@ class RnnShapeError(ValueError):
     load the kernel table re-raises it as its ``SchemaMismatch``."""
 
 
-@dataclass(frozen=True, slots=True)
-class RnnShape:
+class RnnShape(NamedTuple):
     """The sizes the weights fix: hidden ``hidden``, projection ``proj`` (0: none), input
     features ``features``, directions, layers, weights per layer and direction."""
 

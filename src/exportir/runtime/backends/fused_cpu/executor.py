@@ -170,7 +170,7 @@ class _Source:
 
     def op(self, i: int, row: OpRow) -> None:
         try:
-            call = bind(row.name, row.args, row.kwargs, row.inplace, self.constant)
+            call = bind(row.name, row.args, row.kwargs, row.inplace, self.constant, row.normalized)
         except SchemaMismatch as e:  # decode checked the arguments; kept for direct callers
             raise fail(f"ops[{i}]", f"{row.name}: {e}") from None
         try:

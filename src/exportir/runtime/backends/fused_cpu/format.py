@@ -77,7 +77,9 @@ class FusedCpuBlobError(ValueError):
 
 
 class OpRow(NamedTuple):
-    """One decoded op: table name, arguments (``Ref`` for slots), output slots."""
+    """One decoded op: table name, arguments (``Ref`` for slots), output slots. ``normalized``:
+    the arguments as :func:`.kernels.normalize` gives them, when decoding already made them
+    (the executor binds from them instead of normalizing again)."""
 
     name: str
     node: str
@@ -86,6 +88,7 @@ class OpRow(NamedTuple):
     outs: tuple[int, ...]
     multi: bool
     inplace: bool
+    normalized: tuple[tuple[Any, ...], dict[str, Any]] | None = None
 
 
 class Blob(NamedTuple):
@@ -148,14 +151,15 @@ def _op(entry: Any, i: int, slots: int, inplace: Any) -> OpRow:
     )
     decoded_kwargs = {str(k): _arg(v, f"{field}.kwargs.{k}", slots) for k, v in kwargs.items()}
     try:
-        check_args(name, decoded_args, decoded_kwargs, len(out_slots), multi)
+        normalized = check_args(name, decoded_args, decoded_kwargs, len(out_slots), multi)
     except SchemaMismatch as e:
         raise fail(field, f"{name}: {e}") from None
     if inplace not in (0, 1) or isinstance(inplace, float):
         raise fail(f"inplace[{i}]", f"expected 0 or 1; got {inplace!r}")
     if inplace and KERNELS[name].inplace is None:
         raise fail(f"inplace[{i}]", f"{name} has no in-place form")
-    return OpRow(name, node, decoded_args, decoded_kwargs, out_slots, multi, bool(inplace))
+    return OpRow(name, node, decoded_args, decoded_kwargs, out_slots, multi, bool(inplace),
+                 normalized)
 
 
 def _constant(entry: Any, i: int, slots: int, data: torch.Tensor) -> tuple[int, torch.Tensor]:

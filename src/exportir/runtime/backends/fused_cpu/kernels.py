@@ -548,22 +548,26 @@ def _check_int_bounds(name: str, pos: tuple, kw: dict) -> None:
                 raise SchemaMismatch(f"argument {arg!r} has {item}; it must be >= {least}")
 
 
-def check_args(name: str, args: tuple, kwargs: dict, n_outs: int, multi: bool) -> None:
+def check_args(
+    name: str, args: tuple, kwargs: dict, n_outs: int, multi: bool
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Raise :class:`SchemaMismatch` unless the arguments and outputs fit the op's schema (and
-    literal integer arguments their bounds, :data:`INT_ARGUMENT_MINIMUM`)."""
+    literal integer arguments their bounds, :data:`INT_ARGUMENT_MINIMUM`); returns the
+    arguments as :func:`normalize` gives them."""
     pos, kw = normalize(name, args, kwargs)
     _check_int_bounds(name, pos, kw)
     returns = list(_signature(name).returns)
     if returns == ["List[Tensor]"]:
         if not multi:
             raise SchemaMismatch("returns a list: outs must be a list")
-        return
+        return pos, kw
     if returns == ["Tensor"]:
         if multi or n_outs != 1:
             raise SchemaMismatch("returns one tensor: outs must be one slot")
-        return
+        return pos, kw
     if not multi or n_outs != len(returns):
         raise SchemaMismatch(f"returns {len(returns)} tensors: outs must list {len(returns)} slots")
+    return pos, kw
 
 
 def bind(
@@ -572,11 +576,13 @@ def bind(
     kwargs: dict,
     inplace: bool = False,
     constant: Callable[[Any], Any] | None = None,
+    normalized: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
 ) -> Call:
     """The call that runs op ``name`` on (decoded) arguments; ``constant(ref)`` gives the
-    tensor of a constant slot (or None) to kernels that prepare constants at load."""
+    tensor of a constant slot (or None) to kernels that prepare constants at load;
+    ``normalized``: ``normalize(name, args, kwargs)`` when the caller has it already."""
     kernel = KERNELS[name]
-    pos, kw = normalize(name, args, kwargs)
+    pos, kw = normalized if normalized is not None else normalize(name, args, kwargs)
     if kernel.keywords:
         params = [a.name for a in _signature(name).positional]
         moved = {p: v for p, v in zip(params, pos) if p in kernel.keywords}

@@ -67,7 +67,7 @@ def test_fused_value_types_are_not_dataclasses(module):
     # a class, paid by the first load of every fused program): keep them out of this package
     made = [c for _, c in inspect.getmembers(module, inspect.isclass)
             if c.__module__ == module.__name__ and dataclasses.is_dataclass(c)]  # fmt: skip
-    assert not made, f"{module.__name__}: {made} are dataclasses; use NamedTuple (kernels.py)"
+    assert not made, f"{module.__name__}: {made} are dataclasses; make them namedtuples (kernels.py)"
 
 
 def test_a_packed_weight_is_the_only_copy_next_to_the_program_bytes():

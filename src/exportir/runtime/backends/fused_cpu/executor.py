@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import keyword
 import sys
+from collections import namedtuple
 from collections.abc import Sequence
 from types import CodeType
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -55,9 +56,12 @@ class FusedCpuExecutionError(RuntimeError):
     """An op of the blob failed; the message names the op and its graph node."""
 
 
-class FusedProgram(NamedTuple):
+class FusedProgram(
+    namedtuple("FusedProgram", "num_values inputs outputs constants ops fn source code line_ops")
+):
     """A loaded blob (the runtime's delegate handle): ``fn(*inputs)`` runs it."""
 
+    __slots__ = ()
     num_values: int
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]

@@ -29,7 +29,8 @@ import json
 import math
 import struct
 import warnings
-from typing import Any, NamedTuple
+from collections import namedtuple
+from typing import Any
 
 import torch
 
@@ -76,11 +77,14 @@ class FusedCpuBlobError(ValueError):
     """A malformed blob; the message names the field."""
 
 
-class OpRow(NamedTuple):
+class OpRow(
+    namedtuple("OpRow", "name node args kwargs outs multi inplace normalized", defaults=(None,))
+):
     """One decoded op: table name, arguments (``Ref`` for slots), output slots. ``normalized``:
     the arguments as :func:`.kernels.normalize` gives them, when decoding already made them
     (the executor binds from them instead of normalizing again)."""
 
+    __slots__ = ()
     name: str
     node: str
     args: tuple[Any, ...]
@@ -88,12 +92,13 @@ class OpRow(NamedTuple):
     outs: tuple[int, ...]
     multi: bool
     inplace: bool
-    normalized: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+    normalized: tuple[tuple[Any, ...], dict[str, Any]] | None
 
 
-class Blob(NamedTuple):
+class Blob(namedtuple("Blob", "num_values inputs outputs constants ops")):
     """A decoded, validated blob."""
 
+    __slots__ = ()
     num_values: int
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]

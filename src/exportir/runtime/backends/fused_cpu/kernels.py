@@ -19,9 +19,10 @@ The table is closed: a blob names an entry or is refused; it never names a calla
 from __future__ import annotations
 
 import functools
+from collections import namedtuple
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -52,43 +53,51 @@ _nn = torch._C._nn
 _T = torch.Tensor
 
 
-# The value types of this package are NamedTuples (and Ref a small slotted class), not frozen
-# dataclasses: the package is imported by the first load of a program with a fused delegate,
-# and making a frozen dataclass compiles its methods from source each time (~0.6 ms a class,
-# ten classes were most of that import).
+# The value types of this package are namedtuples (and Ref a small slotted class), not frozen
+# dataclasses nor typing.NamedTuple: the package is imported by the first load of a program with
+# a fused delegate, and making a frozen dataclass compiles its methods from source (~0.6 ms a
+# class: ten were most of that import), a NamedTuple each of its string annotations (~0.1 ms).
+# The annotations below document the fields; defaults are the namedtuple's.
 
 _NO_KWARGS: Mapping[str, Any] = MappingProxyType({})
 
 
-class Call(NamedTuple):
+class Call(namedtuple("Call", "form fn args kwargs splat",
+                      defaults=(None, (), _NO_KWARGS, False))):
     """How one op runs: ``fn(*args, **kwargs)`` (``form="call"``), ``args[0][args[1]]``
     (``"item"``) or ``args[0]`` itself (``"alias"``). ``splat``: the second argument, a list of
     ints, may be passed as separate ints (``x.reshape(2, 3)`` parses faster than
     ``x.reshape([2, 3])``)."""
 
+    __slots__ = ()
     form: str
-    fn: Any = None
-    args: tuple[Any, ...] = ()
-    kwargs: Mapping[str, Any] = _NO_KWARGS
-    splat: bool = False
+    fn: Any
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+    splat: bool
 
 
-class Kernel(NamedTuple):
+_KERNEL_DEFAULTS = (None, False, None, False, None, (), False)  # every field but fn
+
+
+class Kernel(namedtuple("Kernel", "fn inplace alias bind overlaps prepare keywords splat",
+                        defaults=_KERNEL_DEFAULTS)):
     """``fn`` computes the ATen op from its normalised arguments; ``inplace`` (same arguments)
     overwrites and returns the first; ``alias``: the result may share memory with the first
     argument; ``bind(args, kwargs) -> Call`` replaces the default ``Call("call", fn, ...)``;
     ``keywords`` are schema-positional arguments ``fn`` takes by name."""
 
+    __slots__ = ()
     fn: Callable[..., Any] | None
-    inplace: Callable[..., Any] | None = None
-    alias: bool = False
-    bind: Callable[[tuple[Any, ...], dict[str, Any]], Call] | None = None
-    overlaps: bool = False  # the result may view one element several times (expand, unfold)
+    inplace: Callable[..., Any] | None
+    alias: bool
+    bind: Callable[[tuple[Any, ...], dict[str, Any]], Call] | None
+    overlaps: bool  # the result may view one element several times (expand, unfold)
     # at load, ``prepare(args, constant)`` may replace arguments that are constants
     # (``constant(ref)`` gives a constant slot's tensor, or None): weights packed for oneDNN
-    prepare: Callable[[tuple[Any, ...], Callable[[Any], Any]], tuple[Any, ...]] | None = None
-    keywords: tuple[str, ...] = ()  # positional in the schema, keyword-only in ``fn``
-    splat: bool = False  # ``fn`` takes its int-list argument as separate ints too
+    prepare: Callable[[tuple[Any, ...], Callable[[Any], Any]], tuple[Any, ...]] | None
+    keywords: tuple[str, ...]  # positional in the schema, keyword-only in ``fn``
+    splat: bool  # ``fn`` takes its int-list argument as separate ints too
 
 
 class Ref:
@@ -438,7 +447,8 @@ def _schema(name: str) -> Any:
     return getattr(getattr(getattr(torch.ops, namespace), packet), overload)._schema
 
 
-class _Param(NamedTuple):
+class _Param(namedtuple("_Param", "name kwarg_only has_default default type_text")):
+    __slots__ = ()
     name: str
     kwarg_only: bool
     has_default: bool
@@ -446,11 +456,12 @@ class _Param(NamedTuple):
     type_text: str
 
 
-class _Signature(NamedTuple):
+class _Signature(namedtuple("_Signature", "params positional by_name returns int_bounds")):
     """An op's schema as plain Python values, read from torch once per op name (its
     attributes are C++ objects: reading them for every op of every blob was most of
     :func:`normalize`'s time)."""
 
+    __slots__ = ()
     params: tuple[_Param, ...]
     positional: tuple[_Param, ...]
     by_name: dict[str, _Param]

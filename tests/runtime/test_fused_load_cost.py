@@ -59,6 +59,8 @@ def test_ref_is_an_immutable_hashable_value():
     assert repr(Ref(2)) == "Ref(slot=2)"
     with pytest.raises(AttributeError, match="immutable"):
         Ref(1).slot = 2
+    with pytest.raises(AttributeError, match="immutable"):
+        del Ref(1).slot
 
 
 @pytest.mark.parametrize("module", [executor, blob_format, kernels, limits, plan, quantized, rnn])

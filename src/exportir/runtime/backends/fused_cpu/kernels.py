@@ -112,7 +112,8 @@ class Ref:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"Ref is immutable: cannot set {name!r}")
 
-    __delattr__ = __setattr__
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Ref is immutable: cannot delete {name!r}")
 
     def __eq__(self, other: object) -> bool:
         return type(other) is Ref and other.slot == self.slot

@@ -27,7 +27,6 @@ import math
 import struct
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -64,14 +63,20 @@ def _fbgemm_engine() -> bool:
     return torch.backends.quantized.engine in ("x86", "fbgemm")
 
 
-@dataclass(frozen=True, slots=True)
 class PackedDynamicLinear:
-    """An int8 weight ``[N, K]`` with its scales and bias, packed for fbgemm at load."""
+    """An int8 weight ``[N, K]`` with its scales and bias, packed for fbgemm at load. A kernel
+    argument, so a plain slotted class (not a tuple that argument walkers would descend into;
+    not a dataclass: see :mod:`.kernels`)."""
 
-    packed: Any
-    n: int
-    k: int
-    has_bias: bool  # the bias was packed with the weight (a constant); else added per call
+    __slots__ = ("has_bias", "k", "n", "packed")
+
+    def __init__(self, packed: Any, n: int, k: int, has_bias: bool) -> None:
+        self.packed = packed
+        self.n, self.k = n, k
+        self.has_bias = has_bias  # packed with the weight (a constant); else added per call
+
+    def __repr__(self) -> str:
+        return f"PackedDynamicLinear(n={self.n}, k={self.k}, has_bias={self.has_bias})"
 
 
 def _f32(v: float) -> float:

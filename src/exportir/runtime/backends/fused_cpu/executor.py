@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import keyword
 import sys
+from collections import namedtuple
 from collections.abc import Sequence
-from dataclasses import dataclass
 from types import CodeType
 from typing import Any
 
@@ -56,10 +56,12 @@ class FusedCpuExecutionError(RuntimeError):
     """An op of the blob failed; the message names the op and its graph node."""
 
 
-@dataclass(frozen=True, slots=True)
-class FusedProgram:
+class FusedProgram(
+    namedtuple("FusedProgram", "num_values inputs outputs constants ops fn source code line_ops")
+):
     """A loaded blob (the runtime's delegate handle): ``fn(*inputs)`` runs it."""
 
+    __slots__ = ()
     num_values: int
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
@@ -172,7 +174,7 @@ class _Source:
 
     def op(self, i: int, row: OpRow) -> None:
         try:
-            call = bind(row.name, row.args, row.kwargs, row.inplace, self.constant)
+            call = bind(row.name, row.args, row.kwargs, row.inplace, self.constant, row.normalized)
         except SchemaMismatch as e:  # decode checked the arguments; kept for direct callers
             raise fail(f"ops[{i}]", f"{row.name}: {e}") from None
         try:

@@ -29,7 +29,7 @@ import json
 import math
 import struct
 import warnings
-from dataclasses import dataclass
+from collections import namedtuple
 from typing import Any
 
 import torch
@@ -77,10 +77,14 @@ class FusedCpuBlobError(ValueError):
     """A malformed blob; the message names the field."""
 
 
-@dataclass(frozen=True, slots=True)
-class OpRow:
-    """One decoded op: table name, arguments (``Ref`` for slots), output slots."""
+class OpRow(
+    namedtuple("OpRow", "name node args kwargs outs multi inplace normalized", defaults=(None,))
+):
+    """One decoded op: table name, arguments (``Ref`` for slots), output slots. ``normalized``:
+    the arguments as :func:`.kernels.normalize` gives them, when decoding already made them
+    (the executor binds from them instead of normalizing again)."""
 
+    __slots__ = ()
     name: str
     node: str
     args: tuple[Any, ...]
@@ -88,12 +92,13 @@ class OpRow:
     outs: tuple[int, ...]
     multi: bool
     inplace: bool
+    normalized: tuple[tuple[Any, ...], dict[str, Any]] | None
 
 
-@dataclass(frozen=True, slots=True)
-class Blob:
+class Blob(namedtuple("Blob", "num_values inputs outputs constants ops")):
     """A decoded, validated blob."""
 
+    __slots__ = ()
     num_values: int
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
@@ -151,17 +156,19 @@ def _op(entry: Any, i: int, slots: int, inplace: Any) -> OpRow:
     )
     decoded_kwargs = {str(k): _arg(v, f"{field}.kwargs.{k}", slots) for k, v in kwargs.items()}
     try:
-        check_args(name, decoded_args, decoded_kwargs, len(out_slots), multi)
+        normalized = check_args(name, decoded_args, decoded_kwargs, len(out_slots), multi)
     except SchemaMismatch as e:
         raise fail(field, f"{name}: {e}") from None
     if inplace not in (0, 1) or isinstance(inplace, float):
         raise fail(f"inplace[{i}]", f"expected 0 or 1; got {inplace!r}")
     if inplace and KERNELS[name].inplace is None:
         raise fail(f"inplace[{i}]", f"{name} has no in-place form")
-    return OpRow(name, node, decoded_args, decoded_kwargs, out_slots, multi, bool(inplace))
+    return OpRow(name, node, decoded_args, decoded_kwargs, out_slots, multi, bool(inplace),
+                 normalized)
 
 
-def _constant(entry: Any, i: int, slots: int, data: memoryview) -> tuple[int, torch.Tensor]:
+def _constant(entry: Any, i: int, slots: int, data: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """Constant ``i``: a view of ``data``, the blob's data segment as bytes (:func:`_bytes`)."""
     field = f"constants[{i}]"
     row = _list(entry, field)
     if len(row) != 5:
@@ -185,12 +192,20 @@ def _constant(entry: Any, i: int, slots: int, data: memoryview) -> tuple[int, to
     # A view of the blob, not a copy: the blob views the program's bytes or its mapped file,
     # which the loaded program keeps alive (and the tensor keeps its buffer alive). The
     # executor never writes a constant (plan.inplace_hazard), so read-only memory is fine.
+    raw = data[offset : offset + nbytes]
+    if raw.data_ptr() % dtype.itemsize or raw.storage_offset() % dtype.itemsize:
+        raw = raw.clone()  # a blob not laid out by preprocess: own copy
+    return slot, raw.view(dtype).view(dims)
+
+
+def _bytes(data: memoryview) -> torch.Tensor:
+    """The data segment as one uint8 tensor viewing it (constants slice it: one
+    ``frombuffer``, and one warning filter, per blob instead of per constant)."""
+    if not len(data):
+        return torch.empty(0, dtype=torch.uint8)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given buffer is not writable")
-        tensor = torch.frombuffer(data, dtype=dtype, count=numel, offset=offset)
-    if tensor.data_ptr() % dtype.itemsize:  # a blob not laid out by preprocess: own copy
-        tensor = tensor.clone()
-    return slot, tensor.view(dims)
+        return torch.frombuffer(data, dtype=torch.uint8)
 
 
 def _header(blob: bytes | memoryview) -> tuple[dict[str, Any], memoryview]:
@@ -241,9 +256,13 @@ def _decode(header: dict[str, Any], data: memoryview) -> Blob:
         num_values=slots,
         inputs=tuple(_int(s, "inputs", slots) for s in _list(header["inputs"], "inputs")),
         outputs=tuple(_int(s, "outputs", slots) for s in _list(header["outputs"], "outputs")),
-        constants=tuple(
-            _constant(c, i, slots, data)
-            for i, c in enumerate(_list(header["constants"], "constants"))
-        ),
+        constants=_constants(_list(header["constants"], "constants"), slots, data),
         ops=tuple(_op(e, i, slots, inplace[i]) for i, e in enumerate(ops)),
     )
+
+
+def _constants(entries: list[Any], slots: int, data: memoryview) -> tuple[tuple[int, Any], ...]:
+    if not entries:
+        return ()
+    segment = _bytes(data)
+    return tuple(_constant(c, i, slots, segment) for i, c in enumerate(entries))

@@ -19,8 +19,9 @@ The table is closed: a blob names an entry or is refused; it never names a calla
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections import namedtuple
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -57,44 +58,79 @@ _nn = torch._C._nn
 _T = torch.Tensor
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
+# The value types of this package are namedtuples (and Ref a small slotted class), not frozen
+# dataclasses nor typing.NamedTuple: the package is imported by the first load of a program with
+# a fused delegate, and making a frozen dataclass compiles its methods from source (~0.6 ms a
+# class: ten were most of that import), a NamedTuple each of its string annotations (~0.1 ms).
+# The annotations below document the fields; defaults are the namedtuple's.
+
+_NO_KWARGS: Mapping[str, Any] = MappingProxyType({})
+
+
+class Call(namedtuple("Call", "form fn args kwargs splat",
+                      defaults=(None, (), _NO_KWARGS, False))):
     """How one op runs: ``fn(*args, **kwargs)`` (``form="call"``), ``args[0][args[1]]``
     (``"item"``) or ``args[0]`` itself (``"alias"``). ``splat``: the second argument, a list of
     ints, may be passed as separate ints (``x.reshape(2, 3)`` parses faster than
     ``x.reshape([2, 3])``)."""
 
+    __slots__ = ()
     form: str
-    fn: Any = None
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    splat: bool = False
+    fn: Any
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+    splat: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Kernel:
+_KERNEL_DEFAULTS = (None, False, None, False, None, (), False)  # every field but fn
+
+
+class Kernel(namedtuple("Kernel", "fn inplace alias bind overlaps prepare keywords splat",
+                        defaults=_KERNEL_DEFAULTS)):
     """``fn`` computes the ATen op from its normalised arguments; ``inplace`` (same arguments)
     overwrites and returns the first; ``alias``: the result may share memory with the first
     argument; ``bind(args, kwargs) -> Call`` replaces the default ``Call("call", fn, ...)``;
     ``keywords`` are schema-positional arguments ``fn`` takes by name."""
 
+    __slots__ = ()
     fn: Callable[..., Any] | None
-    inplace: Callable[..., Any] | None = None
-    alias: bool = False
-    bind: Callable[[tuple[Any, ...], dict[str, Any]], Call] | None = None
-    overlaps: bool = False  # the result may view one element several times (expand, unfold)
+    inplace: Callable[..., Any] | None
+    alias: bool
+    bind: Callable[[tuple[Any, ...], dict[str, Any]], Call] | None
+    overlaps: bool  # the result may view one element several times (expand, unfold)
     # at load, ``prepare(args, constant)`` may replace arguments that are constants
     # (``constant(ref)`` gives a constant slot's tensor, or None): weights packed for oneDNN
-    prepare: Callable[[tuple[Any, ...], Callable[[Any], Any]], tuple[Any, ...]] | None = None
-    keywords: tuple[str, ...] = ()  # positional in the schema, keyword-only in ``fn``
-    splat: bool = False  # ``fn`` takes its int-list argument as separate ints too
+    prepare: Callable[[tuple[Any, ...], Callable[[Any], Any]], tuple[Any, ...]] | None
+    keywords: tuple[str, ...]  # positional in the schema, keyword-only in ``fn``
+    splat: bool  # ``fn`` takes its int-list argument as separate ints too
 
 
-@dataclass(frozen=True, slots=True)
 class Ref:
-    """An argument reading value slot ``slot``."""
+    """An argument reading value slot ``slot`` (immutable; equal when the slots are)."""
 
+    __slots__ = ("slot",)
     slot: int
+
+    def __init__(self, slot: int) -> None:
+        object.__setattr__(self, "slot", slot)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"Ref is immutable: cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Ref is immutable: cannot delete {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Ref and other.slot == self.slot
+
+    def __hash__(self) -> int:
+        return hash((Ref, self.slot))
+
+    def __repr__(self) -> str:
+        return f"Ref(slot={self.slot!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Ref, (self.slot,))
 
 
 class SchemaMismatch(ValueError):
@@ -423,6 +459,46 @@ def op_schema(name: str) -> Any:
     return getattr(getattr(getattr(torch.ops, namespace), packet), overload)._schema
 
 
+class _Param(namedtuple("_Param", "name kwarg_only has_default default type_text")):
+    __slots__ = ()
+    name: str
+    kwarg_only: bool
+    has_default: bool
+    default: Any
+    type_text: str
+
+
+class _Signature(namedtuple("_Signature", "params positional by_name returns int_bounds")):
+    """An op's schema as plain Python values, read from torch once per op name (its
+    attributes are C++ objects: reading them for every op of every blob was most of
+    :func:`normalize`'s time)."""
+
+    __slots__ = ()
+    params: tuple[_Param, ...]
+    positional: tuple[_Param, ...]
+    by_name: dict[str, _Param]
+    returns: tuple[str, ...]
+    int_bounds: tuple[tuple[int, str, int], ...]  # (position or -1, name, least)
+
+
+@functools.cache
+def _signature(name: str) -> _Signature:
+    schema = op_schema(name)
+    params = tuple(
+        _Param(a.name, a.kwarg_only, a.has_default_value(),
+               a.default_value if a.has_default_value() else None, str(a.type))
+        for a in schema.arguments
+    )  # fmt: skip
+    positional = tuple(a for a in params if not a.kwarg_only)
+    bounds = tuple(
+        (next((i for i, a in enumerate(positional) if a.name == arg), -1), arg, least)
+        for arg, least in INT_ARGUMENT_MINIMUM.items()
+        if any(a.name == arg for a in params)
+    )
+    return _Signature(params, positional, {a.name: a for a in params},
+                      tuple(str(r.type) for r in schema.returns), bounds)  # fmt: skip
+
+
 def _has_ref(x: Any) -> bool:
     if isinstance(x, list):
         return any(_has_ref(v) for v in x)
@@ -447,14 +523,12 @@ def _fits(type_text: str, value: Any) -> bool:
 def normalize(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict]:
     """The arguments with every positional schema argument given positionally (defaults
     filled in before the last one given) and only keyword-only ones by name."""
-    schema = op_schema(name)
-    params = schema.arguments
-    positional = [a for a in params if not a.kwarg_only]
+    sig = _signature(name)
+    positional = sig.positional
     if len(args) > len(positional):
         raise SchemaMismatch(f"takes {len(positional)} positional arguments; got {len(args)}")
-    names = {a.name: a for a in params}
     for key in kwargs:
-        if key not in names:
+        if key not in sig.by_name:
             raise SchemaMismatch(f"unknown argument {key!r}")
     given = {a.name: v for a, v in zip(positional, args)}
     for key, value in kwargs.items():
@@ -466,16 +540,17 @@ def normalize(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple
     for a in positional[: last + 1]:
         if a.name in given:
             pos.append(given[a.name])
-        elif a.has_default_value():
-            pos.append(a.default_value)
+        elif a.has_default:
+            pos.append(a.default)
         else:
             raise SchemaMismatch(f"missing argument {a.name!r}")
-    for a in params:
-        if a.name not in given and not a.has_default_value():
-            raise SchemaMismatch(f"missing argument {a.name!r}")
-        if a.name in given and not _fits(str(a.type), given[a.name]):
-            raise SchemaMismatch(f"argument {a.name!r} of type {a.type} got {given[a.name]!r}")
-    kw = {a.name: given[a.name] for a in params if a.kwarg_only and a.name in given}
+    for a in sig.params:
+        if a.name not in given:
+            if not a.has_default:
+                raise SchemaMismatch(f"missing argument {a.name!r}")
+        elif not _fits(a.type_text, given[a.name]):
+            raise SchemaMismatch(f"argument {a.name!r} of type {a.type_text} got {given[a.name]!r}")
+    kw = {a.name: given[a.name] for a in sig.params if a.kwarg_only and a.name in given}
     return tuple(pos), kw
 
 
@@ -489,31 +564,33 @@ INT_ARGUMENT_MINIMUM: dict[str, int] = {
 
 
 def _check_int_bounds(name: str, pos: tuple, kw: dict) -> None:
-    params = op_schema(name).arguments
-    given = {a.name: v for a, v in zip((a for a in params if not a.kwarg_only), pos)} | kw
-    for arg, least in INT_ARGUMENT_MINIMUM.items():
-        value = given.get(arg)
+    for at, arg, least in _signature(name).int_bounds:
+        value = pos[at] if 0 <= at < len(pos) else kw.get(arg)
         for item in value if isinstance(value, list) else [value]:
             if type(item) is int and item < least:
                 raise SchemaMismatch(f"argument {arg!r} has {item}; it must be >= {least}")
 
 
-def check_args(name: str, args: tuple, kwargs: dict, n_outs: int, multi: bool) -> None:
+def check_args(
+    name: str, args: tuple, kwargs: dict, n_outs: int, multi: bool
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Raise :class:`SchemaMismatch` unless the arguments and outputs fit the op's schema (and
-    literal integer arguments their bounds, :data:`INT_ARGUMENT_MINIMUM`)."""
+    literal integer arguments their bounds, :data:`INT_ARGUMENT_MINIMUM`); returns the
+    arguments as :func:`normalize` gives them."""
     pos, kw = normalize(name, args, kwargs)
     _check_int_bounds(name, pos, kw)
-    returns = [str(r.type) for r in op_schema(name).returns]
+    returns = list(_signature(name).returns)
     if returns == ["List[Tensor]"]:
         if not multi:
             raise SchemaMismatch("returns a list: outs must be a list")
-        return
+        return pos, kw
     if returns == ["Tensor"]:
         if multi or n_outs != 1:
             raise SchemaMismatch("returns one tensor: outs must be one slot")
-        return
+        return pos, kw
     if not multi or n_outs != len(returns):
         raise SchemaMismatch(f"returns {len(returns)} tensors: outs must list {len(returns)} slots")
+    return pos, kw
 
 
 def bind(
@@ -522,13 +599,15 @@ def bind(
     kwargs: dict,
     inplace: bool = False,
     constant: Callable[[Any], Any] | None = None,
+    normalized: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
 ) -> Call:
     """The call that runs op ``name`` on (decoded) arguments; ``constant(ref)`` gives the
-    tensor of a constant slot (or None) to kernels that prepare constants at load."""
+    tensor of a constant slot (or None) to kernels that prepare constants at load;
+    ``normalized``: ``normalize(name, args, kwargs)`` when the caller has it already."""
     kernel = KERNELS[name]
-    pos, kw = normalize(name, args, kwargs)
+    pos, kw = normalized if normalized is not None else normalize(name, args, kwargs)
     if kernel.keywords:
-        params = [a.name for a in op_schema(name).arguments if not a.kwarg_only]
+        params = [a.name for a in _signature(name).positional]
         moved = {p: v for p, v in zip(params, pos) if p in kernel.keywords}
         pos = tuple(v for p, v in zip(params, pos) if p not in kernel.keywords)
         kw = {**moved, **kw}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -152,4 +151,4 @@ def guard(name: str, node: str, call: Call, cap: int) -> Call:
         _check(name, node, rule(args, kwargs), cap)
         return fn(*args, **kwargs)
 
-    return replace(call, fn=guarded, splat=False)
+    return call._replace(fn=guarded, splat=False)

@@ -18,8 +18,8 @@ never disagree.
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from exportir.runtime.backends.fused_cpu.kernels import KERNELS, Ref
@@ -27,13 +27,13 @@ from exportir.runtime.backends.fused_cpu.kernels import KERNELS, Ref
 __all__ = ["Plan", "first_ref", "inplace_hazard", "plan", "refs"]
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
+class Plan(namedtuple("Plan", "defined last_use root external outputs overlapping")):
     """``defined``: op index defining each slot (-1 for inputs and constants); ``last_use``:
     op index of each slot's last reader (``len(ops)`` for outputs, absent if never read);
     ``root``: the slot whose memory each slot may share; ``external``: inputs and constants;
     ``overlapping``: slots that may view one element several times."""
 
+    __slots__ = ()
     defined: dict[int, int]
     last_use: dict[int, int]
     root: dict[int, int]

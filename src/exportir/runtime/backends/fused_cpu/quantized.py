@@ -25,7 +25,6 @@ from __future__ import annotations
 import importlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -126,14 +125,21 @@ def _qlinear(op: Any) -> Callable[..., Any]:
     return run
 
 
-@dataclass(frozen=True, slots=True)
 class PackedConvWeight:
     """An int8 convolution weight ``[O, C / groups, kH, kW]`` in oneDNN's packed form (made at
-    load for the program's stride / padding / dilation / groups and input qparams)."""
+    load for the program's stride / padding / dilation / groups and input qparams). A kernel
+    argument, so a plain slotted class (not a tuple that argument walkers would descend into;
+    not a dataclass, see :mod:`.kernels`)."""
 
-    packed: torch.Tensor
-    shape: tuple[int, ...]
-    key: tuple[Any, ...]
+    __slots__ = ("key", "packed", "shape")
+
+    def __init__(self, packed: torch.Tensor, shape: tuple[int, ...], key: tuple[Any, ...]) -> None:
+        self.packed = packed
+        self.shape = shape
+        self.key = key
+
+    def __repr__(self) -> str:
+        return f"PackedConvWeight(shape={self.shape!r}, key={self.key!r})"
 
 
 def _check_qconv(qx: Any, w: Any, w_scales: Any, w_zps: Any, bias: Any, stride: Any,
@@ -216,15 +222,22 @@ def _prepare_qconv(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> tup
     return (*args[:3], packed, *args[4:])
 
 
-@dataclass(frozen=True, slots=True)
 class DenseWeight:
     """A weight-only kernel's weight, dequantized at load because ``linear`` on it was
     measured faster than the packed kernel (module docstring): ``weight`` is ``[N, K]``, or
     None when only its blocked layout is kept (``blocked``, :func:`.gemv.block_weight`: one-row
-    products, a decode step's, stream it twice as fast; :meth:`of` makes that choice)."""
+    products, a decode step's, stream it twice as fast; :meth:`of` makes that choice). A kernel
+    argument, so a plain slotted class (as :class:`PackedConvWeight`)."""
 
-    weight: torch.Tensor | None
-    blocked: torch.Tensor | None = None
+    __slots__ = ("blocked", "weight")
+
+    def __init__(self, weight: torch.Tensor | None, blocked: torch.Tensor | None = None) -> None:
+        self.weight = weight
+        self.blocked = blocked
+
+    def __repr__(self) -> str:
+        held = self.weight if self.weight is not None else self.blocked
+        return f"DenseWeight({'blocked ' if self.weight is None else ''}{list(held.shape)})"
 
     @classmethod
     def of(cls, dense: torch.Tensor) -> DenseWeight:

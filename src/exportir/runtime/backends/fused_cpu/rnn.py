@@ -16,8 +16,8 @@ reads ``in`` features, later layers ``D * R`` (D = 2 when bidirectional).
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,11 +32,11 @@ class RnnShapeError(ValueError):
     load the kernel table re-raises it as its ``SchemaMismatch``."""
 
 
-@dataclass(frozen=True, slots=True)
-class RnnShape:
+class RnnShape(namedtuple("RnnShape", "hidden proj features directions layers group")):
     """The sizes the weights fix: hidden ``hidden``, projection ``proj`` (0: none), input
     features ``features``, directions, layers, weights per layer and direction."""
 
+    __slots__ = ()
     hidden: int
     proj: int
     features: int

@@ -1,0 +1,101 @@
+"""What loading a fused_cpu blob costs: the schema table read once per op name agrees with
+torch's schemas, decode's normalized arguments are what the executor binds, the package's value
+types are no dataclasses (their creation was most of the backend's first import), and a packed
+weight is the only copy the loaded delegate holds next to the program's bytes."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import pickle
+
+import pytest
+import torch
+from test_delegate_blobs import _pointwise_conv, delegated_file, fused_blob
+
+from exportir.runtime import Program
+from exportir.runtime.backends import fused_cpu
+from exportir.runtime.backends.fused_cpu import (
+    dynamic_int8,
+    executor,
+    kernels,
+    limits,
+    plan,
+    quantized,
+    rnn,
+)
+from exportir.runtime.backends.fused_cpu import format as blob_format
+from exportir.runtime.backends.fused_cpu.kernels import KERNELS, Ref, bind, normalize
+
+
+def test_signature_table_agrees_with_torch_schemas():
+    for name in KERNELS:
+        schema = kernels.op_schema(name)
+        sig = kernels._signature(name)
+        assert [p.name for p in sig.params] == [a.name for a in schema.arguments], name
+        for p, a in zip(sig.params, schema.arguments):
+            assert (p.kwarg_only, p.has_default, p.type_text) == (
+                a.kwarg_only, a.has_default_value(), str(a.type)), (name, a.name)
+            if a.has_default_value():
+                assert p.default == a.default_value, (name, a.name)
+        assert sig.returns == tuple(str(r.type) for r in schema.returns), name
+
+
+_OPS = [
+    ["aten.add.Tensor", [{"v": 0}, {"v": 1}], {"alpha": 2}, 3, "add"],
+    ["aten.view_copy.default", [{"v": 3}, [3, 2]], {}, 4, "view"],
+    ["aten._softmax.default", [{"v": 4}, -1, False], {}, 2, "softmax"],
+]
+
+
+def test_decoded_rows_carry_their_normalized_arguments_and_bind_from_them():
+    blob = blob_format.decode_blob(fused_blob(_OPS, torch.ones(2, 3)).replace(
+        b'"values": 3', b'"values": 5'))  # fmt: skip
+    for row in blob.ops:
+        assert row.normalized == normalize(row.name, row.args, row.kwargs)
+        assert bind(row.name, row.args, row.kwargs, normalized=row.normalized) == bind(
+            row.name, row.args, row.kwargs)
+    x = torch.randn(2, 3)
+    (out,) = fused_cpu.run(executor.build(blob), [x])
+    torch.testing.assert_close(out, torch.softmax((x + 2).view(3, 2), -1))
+
+
+def test_ref_is_an_immutable_hashable_value():
+    assert Ref(3) == Ref(3) and Ref(3) != Ref(4) and Ref(3) != (3,)
+    assert len({Ref(3), Ref(3), Ref(4)}) == 2
+    assert pickle.loads(pickle.dumps(Ref(5))) == Ref(5)
+    assert repr(Ref(2)) == "Ref(slot=2)"
+    with pytest.raises(AttributeError, match="immutable"):
+        Ref(1).slot = 2
+    with pytest.raises(AttributeError, match="immutable"):
+        del Ref(1).slot
+
+
+@pytest.mark.parametrize("module", [executor, blob_format, kernels, limits, plan, quantized, rnn,
+                                    dynamic_int8])
+def test_fused_value_types_are_not_dataclasses(module):
+    # a frozen dataclass compiles its methods from source when its module is imported (~0.6 ms
+    # a class, paid by the first load of every fused program): keep them out of this package
+    made = [c for _, c in inspect.getmembers(module, inspect.isclass)
+            if c.__module__ == module.__name__ and dataclasses.is_dataclass(c)]  # fmt: skip
+    assert not made, f"{module.__name__}: {made} are dataclasses; make them namedtuples (kernels.py)"
+
+
+def test_a_packed_weight_is_the_only_copy_next_to_the_program_bytes():
+    if not kernels._MKLDNN:
+        pytest.skip("this torch has no oneDNN: weights are not packed")
+    weight = torch.randn(4, 3, 1, 1)
+    data = delegated_file(fused_blob([_pointwise_conv([1, 1])], weight), (1, 3, 5, 5),
+                          (1, 4, 5, 5))  # fmt: skip
+    program = Program.load(data)
+    handle = program._handles[0][1]
+    start = torch.frombuffer(data, dtype=torch.uint8).data_ptr()
+    held = [v for v in handle.fn.__globals__.values() if isinstance(v, torch.Tensor)]
+    packed = [t for t in held if t.is_mkldnn]
+    dense = [t for t in held if not t.is_mkldnn]
+    assert len(packed) == 1  # the weight, in oneDNN's layout
+    for t in (*dense, *(c for _, c in handle.constants)):  # every dense tensor views the file
+        assert start <= t.data_ptr() < start + len(data)
+    x = torch.randn(1, 3, 5, 5)
+    expected = torch.nn.functional.conv2d(x, weight)
+    torch.testing.assert_close(program.method()(x)[0], expected, rtol=1e-4, atol=1e-4)

@@ -32,6 +32,7 @@ from exportir.runtime.backends.fused_cpu.dense import (
     check_attr,
 )
 from exportir.runtime.backends.fused_cpu.gemv import RowLinear
+from exportir.runtime.backends.fused_cpu.qlinear import StaticQLinear
 from exportir.runtime.backends.fused_cpu.quantized import QUANTIZED_KERNEL_FNS, define_library
 from exportir.runtime.backends.fused_cpu.rnn import RNN_KERNELS, RnnShapeError
 
@@ -111,6 +112,21 @@ def _slice(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
 
 def _row_linear(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
     return Call("call", RowLinear(), args, kwargs)
+
+
+_QLINEAR = "onednn.qlinear_pointwise.default"
+
+
+def _qlinear_bind(fn: Callable[..., Any]) -> Callable[[tuple[Any, ...], dict[str, Any]], Call]:
+    """A static int8 linear prepared at load (:class:`.qlinear.StaticQLinear`) is called with
+    what changes between calls, ``(qx, bias)``; any other runs ``fn`` on all its arguments."""
+
+    def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
+        if isinstance(args[3], StaticQLinear):
+            return Call("call", args[3], (args[0], args[6]))
+        return Call("call", fn, args, kwargs)
+
+    return bind
 
 
 class AttentionShapeError(ValueError):
@@ -395,7 +411,8 @@ KERNELS: dict[str, Kernel] = {
     # LSTM / GRU over the whole sequence, shapes checked (.rnn)
     **{name: Kernel(fn, prepare=_schema_errors(prepare)) for name, (fn, prepare) in RNN_KERNELS.items()},
     # int8 / int4: quantize-dequantize, oneDNN's qlinear, weight-only matmuls (.quantized)
-    **{name: Kernel(fn, prepare=prepare) for name, (fn, prepare) in QUANTIZED_KERNEL_FNS.items()},
+    **{name: Kernel(fn, prepare=prepare, bind=_qlinear_bind(fn) if name == _QLINEAR else None)
+       for name, (fn, prepare) in QUANTIZED_KERNEL_FNS.items()},
 }  # fmt: skip
 
 OPS: frozenset[str] = frozenset(KERNELS)

@@ -23,6 +23,7 @@ Imports only torch and the standard library (and the fused CPU backend's :mod:`.
 from __future__ import annotations
 
 import importlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 
 from exportir.runtime.backends.fused_cpu.gemv import block_weight, blockable, blocked_linear
+from exportir.runtime.backends.fused_cpu.qlinear import StaticQLinear
 
 __all__ = ["QUANTIZED_KERNEL_FNS", "DenseWeight", "define_library", "pack_qlinear_weight"]
 
@@ -44,14 +46,25 @@ def define_library(namespace: str) -> None:
         importlib.import_module(_LIBRARY_MODULE).define()
 
 
+class _LibraryFn:
+    """The kernel ``name`` of the quantized op library, imported on first call and kept (an
+    import lookup on every call cost ~3 us of a ~10 us quantize)."""
+
+    __slots__ = ("__name__", "_fn")
+
+    def __init__(self, name: str) -> None:
+        self.__name__ = name
+        self._fn: Callable[..., Any] | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fn = self._fn
+        if fn is None:
+            fn = self._fn = getattr(importlib.import_module(_LIBRARY_MODULE), self.__name__)
+        return fn(*args, **kwargs)
+
+
 def _library_fn(name: str) -> Callable[..., Any]:
-    """The kernel ``name`` of the quantized op library, imported on first call."""
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        return getattr(importlib.import_module(_LIBRARY_MODULE), name)(*args, **kwargs)
-
-    run.__name__ = name
-    return run
+    return _LibraryFn(name)
 
 
 class QuantizedKernelError(ValueError):
@@ -86,7 +99,39 @@ def _prepare_qlinear(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> t
         packed = pack_qlinear_weight(weight)
     except (QuantizedKernelError, RuntimeError):
         return args  # the kernel refuses it when it runs
-    return (*args[:3], packed, *args[4:])
+    args = (*args[:3], packed, *args[4:])
+    static = _static_qlinear(args, weight, constant)
+    return args if static is None else (*args[:3], static, *args[4:])
+
+
+def _static_qlinear(args: tuple[Any, ...], weight: torch.Tensor,
+                    constant: Callable[[Any], Any]) -> StaticQLinear | None:
+    """A :class:`.qlinear.StaticQLinear` for ``.default`` arguments whose weight scales and
+    zero points are constants and whose qparams are literals, else None."""
+    _, x_scale, x_zp, packed, w_scales, w_zps, bias, out_scale, out_zp, out_dtype, post_op, \
+        post_args, algorithm = args
+    scales, zps = constant(w_scales), constant(w_zps)
+    n = weight.shape[0]
+    if scales is None or zps is None or not (type(x_scale) is float and type(x_zp) is int
+                                              and type(out_scale) is float
+                                              and type(out_zp) is int):
+        return None
+    if out_dtype == torch.int8 and not 0 < out_scale < math.inf:
+        return None
+    bias_value = constant(bias) if bias is not None else None
+    try:
+        _check_qlinear(torch.empty(1, weight.shape[1], dtype=torch.int8), packed, scales, zps,
+                       bias_value, out_dtype, post_op, post_args)
+    except QuantizedKernelError:
+        return None  # the kernel refuses it when it runs
+    if out_dtype not in (torch.int8, torch.float32) or bool(zps.any()) or (
+            out_dtype == torch.float32 and (out_scale, out_zp) != (1.0, 0)):
+        return None
+    onednn = _qlinear(torch.ops.onednn.qlinear_pointwise.default)
+    rest = (out_scale, out_zp, out_dtype, post_op, post_args, algorithm)
+    return StaticQLinear(weight, scales.reshape(n), x_scale, x_zp, out_scale, out_zp,
+                         out_dtype, post_op, onednn, (x_scale, x_zp, packed, scales, zps,
+                                                      *rest))
 
 
 _POST_OPS = frozenset({"none", "relu"})

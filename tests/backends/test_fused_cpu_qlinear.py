@@ -1,0 +1,119 @@
+"""Static int8 linears prepared at load (``runtime/backends/fused_cpu/qlinear.py``): both
+kernels (``_int_mm`` for few rows, oneDNN for more) against the quantized reference
+``quantize(post(dequantize(qx) @ dequantize(W).T + b))``, in int8 steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from exportir.format import quantized_ops as q
+from exportir.runtime.backends.fused_cpu.kernels import KERNELS, bind
+from exportir.runtime.backends.fused_cpu.qlinear import (
+    SMALL_MACS,
+    QLinearError,
+    StaticQLinear,
+    small_product,
+)
+
+QLINEAR = "onednn.qlinear_pointwise.default"
+pytestmark = pytest.mark.skipif(QLINEAR not in KERNELS, reason="torch built without oneDNN")
+
+X_SCALE, OUT_SCALE = 0.05, 0.2
+
+
+def _reference(qx, x_zp, w, ws, b, out_zp, out_dtype, post):
+    x = q.dequantize_per_tensor(qx, X_SCALE, x_zp, -128, 127, torch.int8)
+    y = torch.nn.functional.linear(x, w.float() * ws[:, None], b)
+    y = torch.relu(y) if post == "relu" else y
+    if out_dtype == torch.float32:
+        return y
+    return q.quantize_per_tensor(y, OUT_SCALE, out_zp, -128, 127, torch.int8)
+
+
+def _prepared(w, ws, x_zp, b_slot, out_zp, out_dtype, post):
+    """The kernel the executor binds for a blob whose weight and scales are constants."""
+    from exportir.runtime.backends.fused_cpu.kernels import Ref
+
+    n = w.shape[0]
+    constants = {1: w, 2: ws, 3: torch.zeros(n, dtype=torch.int64)}
+    out_scale, zp = (OUT_SCALE, out_zp) if out_dtype == torch.int8 else (1.0, 0)
+    args = [Ref(0), X_SCALE, x_zp, Ref(1), Ref(2), Ref(3), b_slot, out_scale, zp, out_dtype,
+            post, [], ""]
+    call = bind(QLINEAR, tuple(args), {}, False,
+                lambda r: constants.get(r.slot) if isinstance(r, Ref) else None)
+    return call.fn
+
+
+@pytest.mark.parametrize("rows", [(1,), (3,), (2, 5), (64,), (4, 50)], ids=str)
+@pytest.mark.parametrize(("post", "out_zp"), [("relu", -128), ("relu", 7), ("none", 3)])
+@pytest.mark.parametrize("out_dtype", [torch.int8, torch.float32], ids=["int8", "float32"])
+def test_static_qlinear_matches_the_quantized_reference(rows, post, out_zp, out_dtype):
+    torch.manual_seed(len(rows) * 31 + rows[0] + out_zp)
+    k, n = 96, 40
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    ws = torch.rand(n) * 0.01 + 1e-3
+    b, x_zp = torch.randn(n), -9
+    kernel = _prepared(w, ws, x_zp, None, out_zp, out_dtype, post)
+    assert isinstance(kernel, StaticQLinear)
+    for _ in range(2):
+        qx = torch.randint(-128, 128, (*rows, k), dtype=torch.int8)
+        got = kernel(qx, b)
+        want = _reference(qx, x_zp, w, ws, b, out_zp, out_dtype, post)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        if out_dtype == torch.float32:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+            continue
+        steps = (got.int() - want.int()).abs()
+        assert steps.max() <= 1 and (steps > 0).float().mean() < 0.01, steps.max()
+        if post == "relu":
+            assert got.min() >= max(out_zp, -128)
+
+
+def test_both_kernels_agree_and_the_rule_picks_by_size():
+    torch.manual_seed(1)
+    k, n = 256, 64
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    ws = torch.rand(n) * 0.01 + 1e-3
+    b = torch.randn(n)
+    kernel = _prepared(w, ws, 4, None, -128, torch.int8, "relu")
+    qx = torch.randint(-128, 128, (5, k), dtype=torch.int8)
+    small, dnn = kernel(qx, b), kernel.onednn(qx, b)
+    assert (small.int() - dnn.int()).abs().max() <= 1
+    assert small_product(1, 4096, 4096) and small_product(8, n, k)
+    assert not small_product(2, 1024, SMALL_MACS // 1024)  # two rows of that: 2x the budget
+
+
+def test_a_changed_bias_is_folded_again():
+    """The bias is a delegate input: the folded shift follows a new tensor or one written in
+    place, and a bias of the wrong shape is refused by name."""
+    torch.manual_seed(2)
+    k, n = 32, 16
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    ws = torch.rand(n) * 0.01 + 1e-3
+    kernel = _prepared(w, ws, 0, None, 0, torch.float32, "none")
+    qx = torch.randint(-128, 128, (1, k), dtype=torch.int8)
+    b = torch.randn(n)
+    first = kernel(qx, b)
+    b.add_(1.0)
+    torch.testing.assert_close(kernel(qx, b), first + 1.0, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kernel(qx, None), first - b + 1.0, rtol=1e-5, atol=1e-4)
+    with pytest.raises(QLinearError, match=r"bias must be float32 \[16\]"):
+        kernel(qx, torch.randn(15))
+    with pytest.raises(QLinearError, match=r"int8 / uint8 \[\.\.\., 32\]"):
+        kernel(torch.zeros(1, 31, dtype=torch.int8), b)
+
+
+def test_a_uint8_input_runs_onednn():
+    torch.manual_seed(3)
+    k, n = 32, 16
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    ws = torch.rand(n) * 0.01 + 1e-3
+    kernel = _prepared(w, ws, 5, None, 0, torch.int8, "none")
+    qx = torch.randint(-128, 128, (1, k), dtype=torch.int8)
+    b = torch.randn(n)
+    as_uint8 = (qx.view(torch.uint8) ^ 128)  # the same values, zero point + 128
+    got = KERNELS[QLINEAR].fn(as_uint8, X_SCALE, 5 + 128, w, ws,
+                              torch.zeros(n, dtype=torch.int64), b, OUT_SCALE, 0, torch.int8,
+                              "none", [], "")
+    assert (got.int() - kernel(qx, b).int()).abs().max() <= 1

@@ -1,6 +1,8 @@
-"""Static int8 linears prepared at load (``runtime/backends/fused_cpu/qlinear.py``): both
-kernels (``_int_mm`` for few rows, oneDNN for more) against the quantized reference
-``quantize(post(dequantize(qx) @ dequantize(W).T + b))``, in int8 steps."""
+"""Quantized kernels the fused CPU executor makes at load for ops with constant arguments:
+static int8 linears (``runtime/backends/fused_cpu/qlinear.py``), both kernels (``_int_mm`` for
+few rows, oneDNN for more) against the quantized reference ``quantize(post(dequantize(qx) @
+dequantize(W).T + b))`` in int8 steps; per-tensor quantize / dequantize with literal qparams,
+bit for bit against the library functions."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import pytest
 import torch
 
 from exportir.format import quantized_ops as q
-from exportir.runtime.backends.fused_cpu.kernels import KERNELS, bind
+from exportir.runtime.backends.fused_cpu.kernels import KERNELS, Ref, bind
 from exportir.runtime.backends.fused_cpu.qlinear import (
     SMALL_MACS,
     QLinearError,
@@ -33,8 +35,6 @@ def _reference(qx, x_zp, w, ws, b, out_zp, out_dtype, post):
 
 def _prepared(w, ws, x_zp, b_slot, out_zp, out_dtype, post):
     """The kernel the executor binds for a blob whose weight and scales are constants."""
-    from exportir.runtime.backends.fused_cpu.kernels import Ref
-
     n = w.shape[0]
     constants = {1: w, 2: ws, 3: torch.zeros(n, dtype=torch.int64)}
     out_scale, zp = (OUT_SCALE, out_zp) if out_dtype == torch.int8 else (1.0, 0)
@@ -117,3 +117,22 @@ def test_a_uint8_input_runs_onednn():
                               torch.zeros(n, dtype=torch.int64), b, OUT_SCALE, 0, torch.int8,
                               "none", [], "")
     assert (got.int() - kernel(qx, b).int()).abs().max() <= 1
+
+
+@pytest.mark.parametrize("zp", [0, -7])
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8], ids=["int8", "uint8"])
+def test_per_tensor_quantize_made_at_load_equals_the_library(zp, dtype):
+    """Literal qparams: the kernel made at load gives the library's results bit for bit, on
+    values at half steps (ties) and out of range too; other input dtypes run the library."""
+    scale = 0.25
+    lo, hi = (-128, 127) if dtype == torch.int8 else (0, 255)
+    zp = zp if dtype == torch.int8 else 128 + zp
+    names = [f"quantized_decomposed.{op}_per_tensor.default" for op in ("quantize", "dequantize")]
+    quantize, dequantize = (bind(n, (Ref(0), scale, zp, lo, hi, dtype), {}).fn for n in names)
+    assert quantize is not KERNELS[names[0]].fn and dequantize is not KERNELS[names[1]].fn
+    x = torch.cat([torch.arange(-80, 80) * 0.125, torch.randn(300) * 30]).reshape(2, -1)
+    got = quantize(x)
+    assert torch.equal(got, q.quantize_per_tensor(x, scale, zp, lo, hi, dtype))
+    assert torch.equal(dequantize(got), q.dequantize_per_tensor(got, scale, zp, lo, hi, dtype))
+    half = x.to(torch.bfloat16)
+    assert torch.equal(quantize(half), q.quantize_per_tensor(half, scale, zp, lo, hi, dtype))

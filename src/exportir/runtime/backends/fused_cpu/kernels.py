@@ -32,8 +32,11 @@ from exportir.runtime.backends.fused_cpu.dense import (
     check_attr,
 )
 from exportir.runtime.backends.fused_cpu.gemv import RowLinear
-from exportir.runtime.backends.fused_cpu.qlinear import StaticQLinear
-from exportir.runtime.backends.fused_cpu.quantized import QUANTIZED_KERNEL_FNS, define_library
+from exportir.runtime.backends.fused_cpu.quantized import (
+    QUANTIZED_KERNEL_FNS,
+    QUANTIZED_SPECIALIZED,
+    define_library,
+)
 from exportir.runtime.backends.fused_cpu.rnn import RNN_KERNELS, RnnShapeError
 
 __all__ = [
@@ -114,16 +117,16 @@ def _row_linear(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
     return Call("call", RowLinear(), args, kwargs)
 
 
-_QLINEAR = "onednn.qlinear_pointwise.default"
-
-
-def _qlinear_bind(fn: Callable[..., Any]) -> Callable[[tuple[Any, ...], dict[str, Any]], Call]:
-    """A static int8 linear prepared at load (:class:`.qlinear.StaticQLinear`) is called with
-    what changes between calls, ``(qx, bias)``; any other runs ``fn`` on all its arguments."""
+def _specialized(fn: Callable[..., Any], specialize: Callable[..., Any]
+                 ) -> Callable[[tuple[Any, ...], dict[str, Any]], Call]:
+    """A binding running the kernel ``specialize`` made at load for this op's constant
+    arguments (a static int8 linear is called with ``(qx, bias)``, a quantize with its
+    tensor), else ``fn`` on all the arguments."""
 
     def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
-        if isinstance(args[3], StaticQLinear):
-            return Call("call", args[3], (args[0], args[6]))
+        special = specialize(args, kwargs)
+        if special is not None:
+            return Call("call", special[0], special[1])
         return Call("call", fn, args, kwargs)
 
     return bind
@@ -411,7 +414,8 @@ KERNELS: dict[str, Kernel] = {
     # LSTM / GRU over the whole sequence, shapes checked (.rnn)
     **{name: Kernel(fn, prepare=_schema_errors(prepare)) for name, (fn, prepare) in RNN_KERNELS.items()},
     # int8 / int4: quantize-dequantize, oneDNN's qlinear, weight-only matmuls (.quantized)
-    **{name: Kernel(fn, prepare=prepare, bind=_qlinear_bind(fn) if name == _QLINEAR else None)
+    **{name: Kernel(fn, prepare=prepare, bind=_specialized(fn, QUANTIZED_SPECIALIZED[name])
+                    if name in QUANTIZED_SPECIALIZED else None)
        for name, (fn, prepare) in QUANTIZED_KERNEL_FNS.items()},
 }  # fmt: skip
 

@@ -102,7 +102,7 @@ class StaticQLinear:
         rows = qx.numel() // self.k
         if qx.dtype != _I8 or not small_product(rows, self.n, self.k):
             return self.onednn(qx, bias)
-        acc = _INT_MM(qx.reshape(rows, self.k), self.weight_t)
+        acc = _INT_MM(qx if qx.dim() == 2 else qx.reshape(rows, self.k), self.weight_t)
         y = _ADDCMUL(self._shift_for(bias), acc, self._scale)
         if self.int8_out:
             y = y.round_().clamp_(*self.bounds).to(_I8)

@@ -34,7 +34,7 @@ import torch
 from exportir.runtime.backends.fused_cpu.gemv import block_weight, blockable, blocked_linear
 from exportir.runtime.backends.fused_cpu.qlinear import StaticQLinear
 
-__all__ = ["QUANTIZED_KERNEL_FNS", "DenseWeight", "define_library", "pack_qlinear_weight"]
+__all__ = ["QUANTIZED_KERNEL_FNS", "QUANTIZED_SPECIALIZED", "DenseWeight", "define_library", "pack_qlinear_weight"]
 
 _LIBRARY_MODULE = "exportir.format.quantized_ops"
 NAMESPACES = frozenset({"quantized_decomposed"})
@@ -403,6 +403,69 @@ def _prepare_int4pack(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> 
         return args  # the kernel refuses these arguments when it runs
     return (args[0], DenseWeight.of(dense), *args[2:])
 
+
+class _PerTensor:
+    """``quantize_per_tensor`` / ``dequantize_per_tensor`` of one op with literal qparams,
+    called with the tensor alone: the library function's arithmetic, in place on the one new
+    tensor it makes (float32 in, or int8 / uint8 out to float32; anything else runs the library
+    function). Results are identical to it; a quantize costs ~9 us instead of ~12."""
+
+    __slots__ = ("_args", "_bounds", "_dequantize", "_library", "_scale", "_zp")
+
+    def __init__(self, dequantize: bool, args: tuple[Any, ...]) -> None:
+        _, scale, zp, qmin, qmax, dtype = args
+        self._dequantize = dequantize
+        self._args = args[1:]
+        self._library = _LibraryFn("dequantize_per_tensor" if dequantize else
+                                   "quantize_per_tensor")
+        self._scale = scale if dequantize else 1.0 / scale  # as the library computes it
+        self._zp = zp
+        self._bounds = (qmin, qmax, dtype)
+
+    def __call__(self, x: Any) -> torch.Tensor:
+        if self._dequantize:
+            if not isinstance(x, torch.Tensor) or x.dtype != self._bounds[2]:
+                return self._library(x, *self._args)
+            y = x.to(torch.float32)
+            return (y.sub_(self._zp) if self._zp else y).mul_(self._scale)
+        if not isinstance(x, torch.Tensor) or x.dtype != torch.float32:
+            return self._library(x, *self._args)
+        qmin, qmax, dtype = self._bounds
+        y = x.mul(self._scale).round_()
+        return (y.add_(self._zp) if self._zp else y).clamp_(qmin, qmax).to(dtype)
+
+
+def _per_tensor(dequantize: bool) -> Callable[..., Any]:
+    def specialize(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        scale, zp, qmin, qmax, dtype = args[1:6]
+        out = kwargs.get("out_dtype")
+        if (kwargs and (not dequantize or out not in (None, torch.float32) or len(kwargs) > 1)
+                or type(scale) is not float or not 0 < scale < math.inf
+                or type(zp) is not int or dtype not in (torch.int8, torch.uint8)
+                or type(qmin) is not int or type(qmax) is not int):
+            return None
+        try:
+            importlib.import_module(_LIBRARY_MODULE)._check_bounds(qmin, qmax, dtype)
+        except ValueError:
+            return None  # the library refuses it when it runs
+        return _PerTensor(dequantize, args), (args[0],)
+
+    return specialize
+
+
+def _static_qlinear_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if isinstance(args[3], StaticQLinear):
+        return args[3], (args[0], args[6])
+    return None
+
+
+# name -> specialize(args, kwargs): ``(callable, its arguments)`` for an op whose constant
+# arguments let it run on a kernel made for it at load, else None (the table's kernel runs)
+QUANTIZED_SPECIALIZED: dict[str, Callable[..., Any]] = {
+    "quantized_decomposed.quantize_per_tensor.default": _per_tensor(False),
+    "quantized_decomposed.dequantize_per_tensor.default": _per_tensor(True),
+    "onednn.qlinear_pointwise.default": _static_qlinear_call,
+}
 
 # name -> (kernel, prepare)
 QUANTIZED_KERNEL_FNS: dict[str, tuple[Callable[..., Any], Any]] = {

@@ -136,3 +136,33 @@ def test_per_tensor_quantize_made_at_load_equals_the_library(zp, dtype):
     assert torch.equal(dequantize(got), q.dequantize_per_tensor(got, scale, zp, lo, hi, dtype))
     half = x.to(torch.bfloat16)
     assert torch.equal(quantize(half), q.quantize_per_tensor(half, scale, zp, lo, hi, dtype))
+
+
+QCONV = "onednn.qconv_pointwise.default"
+
+
+@pytest.mark.skipif(QCONV not in KERNELS, reason="torch built without oneDNN's qconv")
+def test_qconv_weight_packed_at_load_serves_int8_and_uint8_inputs():
+    """oneDNN packs a convolution weight for the input zero point it sees (an int8 input's +
+    128); load guesses the input's dtype from the zero point and a call with the other packs
+    once more: both give what the weight packed at the call gives."""
+    torch.manual_seed(5)
+    w = torch.randint(-127, 128, (8, 4, 3, 3), dtype=torch.int8)
+    ws = torch.rand(8) * 0.01 + 1e-3
+    constants = {1: w, 2: ws, 3: torch.zeros(8, dtype=torch.int64)}
+    geometry = [[1, 1], [1, 1], [1, 1], 1]
+    tail = [0.1, 3, torch.int8, "relu", [], ""]
+    call = bind(QCONV, (Ref(0), X_SCALE, 5, Ref(1), Ref(2), Ref(3), None, *geometry, *tail), {},
+                False, lambda r: constants.get(r.slot) if isinstance(r, Ref) else None)
+    packed = call.args[3]
+    assert packed.key[1] == 5  # zero point >= 0: packed for a uint8 input
+    qx = torch.randint(-128, 128, (1, 4, 6, 6), dtype=torch.int8)
+    as_uint8 = qx.view(torch.uint8) ^ 128
+    plain = KERNELS[QCONV].fn
+    for x, zp in ((as_uint8, 5), (qx, 5), (qx, 5)):
+        got = call.fn(x, X_SCALE, zp, packed, ws, constants[3], None, *geometry, *tail)
+        want = plain(x, X_SCALE, zp, w, ws, constants[3], None, *geometry, *tail)
+        assert torch.equal(got, want)
+    assert list(packed.others) == [(X_SCALE, 5 + 128, (1, 1), (1, 1), (1, 1), 1)]
+    with pytest.raises(Exception, match="packed for other input qparams or geometry"):
+        call.fn(qx, X_SCALE, 5, packed, ws, constants[3], None, [2, 2], *geometry[1:], *tail)

@@ -127,6 +127,33 @@ def test_qconv_matches_the_eager_quantized_reference(tmp_path):
         assert steps.max() <= 1 and (steps > 0).float().mean() < 0.05, steps.max()
 
 
+def test_int8_activations_between_convolutions_are_written_as_uint8(tmp_path):
+    """Activations only oneDNN convolutions (and dequantizes) read are written as uint8, zero
+    point + 128 (oneDNN's int8 convolution runs on uint8: no shift per call); the last one,
+    read by a float op, too; results as before (in int8 steps of the reference)."""
+    torch.manual_seed(7)
+    model = _Convs().eval()
+    x = torch.randn(1, 4, 12, 12)
+    converted = quantize(model, (x,), [(torch.randn(1, 4, 12, 12),) for _ in range(4)])
+    ep = exportir.export(converted, (x,))
+    lowered = exportir.to_edge_transform_and_lower(ep, partitioner=[FusedCpuPartitioner()])
+    rows = [row for _, m in lowered.exported_program().graph_module.named_children()
+            if hasattr(m, "processed_bytes") for row in decode_blob(m.processed_bytes).ops]
+    quantizes = [r for r in rows if r.name == "quantized_decomposed.quantize_per_tensor.default"]
+    convs = [r for r in rows if r.name == QCONV]
+    assert [r.args[5] for r in quantizes] == [torch.uint8] and tuple(quantizes[0].args[3:5]) == (0, 255)
+    assert [r.args[13] for r in convs] == [torch.uint8] * 3, [r.args[13] for r in convs]
+    assert all(0 <= r.args[2] <= 255 and 0 <= r.args[12] <= 255 for r in convs)
+    path = tmp_path / "p.xpt"
+    lowered.to_program().save(path)
+    program = Program.load(path)
+    for _ in range(2):
+        x = torch.randn(1, 4, 12, 12)
+        got, ref = program.method("forward")(x), converted(x)
+        steps = ((got - ref).abs() / ((ref.max() - ref.min()) / 255)).round()
+        assert steps.max() <= 1 and (steps > 0).float().mean() < 0.05, steps.max()
+
+
 @pytest.mark.parametrize(("config", "kernel"), [(int8_weight_only(), INT8_MM),
                                                 (int4_weight_only(32), INT4_MM)],
                          ids=["int8", "int4"])

@@ -26,7 +26,7 @@ import importlib
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -174,11 +174,28 @@ def _qlinear(op: Any) -> Callable[..., Any]:
 @dataclass(frozen=True, slots=True)
 class PackedConvWeight:
     """An int8 convolution weight ``[O, C / groups, kH, kW]`` in oneDNN's packed form (made at
-    load for the program's stride / padding / dilation / groups and input qparams)."""
+    load for the program's stride / padding / dilation / groups and input qparams). oneDNN
+    runs on uint8 inputs, and the packing depends on the input's zero point as oneDNN sees it
+    (an int8 input's + 128); the blob does not say whether an input is int8 or uint8, so load
+    guesses from the zero point (negative: int8) and a call meeting the other packs once more
+    for its own (``others``, by key; ``plain`` and ``scales`` are kept for that)."""
 
     packed: torch.Tensor
     shape: tuple[int, ...]
     key: tuple[Any, ...]
+    plain: torch.Tensor | None = None
+    scales: torch.Tensor | None = None
+    others: dict[tuple[Any, ...], torch.Tensor] = field(default_factory=dict)
+
+    def for_key(self, key: tuple[Any, ...]) -> torch.Tensor | None:
+        """The packed weight for the call's ``key`` (packed now when first met), or None."""
+        if key == self.key:
+            return self.packed
+        packed = self.others.get(key)
+        if packed is None and self.plain is not None:
+            packed = _pack_qconv(self.plain, self.scales, *key[:2], *key[2:]).packed
+            self.others[key] = packed
+        return packed
 
 
 def _check_qconv(qx: Any, w: Any, w_scales: Any, w_zps: Any, bias: Any, stride: Any,
@@ -239,10 +256,11 @@ def _qconv(qx: Any, x_scale: Any, x_zp: Any, w: Any, w_scales: Any, w_zps: Any, 
     key = (float(x_scale), int(x_zp), tuple(stride), tuple(padding), tuple(dilation), groups)
     if not isinstance(w, PackedConvWeight):
         w = _pack_qconv(w, w_scales, x_scale, x_zp, stride, padding, dilation, groups)
-    _require(w.key == key, "qconv_pointwise: the weight was packed for other input qparams or "
-             "geometry than the call's")
+    packed = w.for_key(key) if w.key[2:] == key[2:] else None
+    _require(packed is not None, "qconv_pointwise: the weight was packed for other input "
+             "qparams or geometry than the call's")
     return torch.ops.onednn.qconv_pointwise.default(
-        qx, x_scale, x_zp, w.packed, w_scales, w_zps, bias, list(stride), list(padding),
+        qx, x_scale, x_zp, packed, w_scales, w_zps, bias, list(stride), list(padding),
         list(dilation), groups, out_scale, out_zp, out_dtype, post_op, post_args, algorithm or "")
 
 
@@ -250,7 +268,9 @@ def _prepare_qconv(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> tup
     weight, scales = constant(args[3]), constant(args[4])
     if weight is None or scales is None or not _MKLDNN or not isinstance(args[1], float):
         return args
-    x_zp = args[2] + 128  # the kernel feeds an int8 input as uint8 (_qconv)
+    # the kernel feeds an int8 input as uint8, zero point + 128 (_qconv): a negative zero
+    # point is an int8 input's (PackedConvWeight)
+    x_zp = args[2] + 128 if type(args[2]) is int and args[2] < 0 else args[2]
     try:
         _check_qconv(torch.empty(1, weight.shape[1] * args[10], *[
             d * (k - 1) + 1 for d, k in zip(args[9], weight.shape[2:])], dtype=torch.int8),
@@ -258,6 +278,8 @@ def _prepare_qconv(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> tup
         packed = _pack_qconv(weight, scales, args[1], x_zp, *args[7:11])
     except (QuantizedKernelError, RuntimeError, TypeError, IndexError):
         return args  # the kernel refuses it when it runs
+    packed = PackedConvWeight(packed.packed, packed.shape, packed.key, weight.contiguous(),
+                              scales.float())
     return (*args[:3], packed, *args[4:])
 
 

@@ -2,7 +2,8 @@
 static int8 linears (``runtime/backends/fused_cpu/qlinear.py``), both kernels (``_int_mm`` for
 few rows, oneDNN for more) against the quantized reference ``quantize(post(dequantize(qx) @
 dequantize(W).T + b))`` in int8 steps; per-tensor quantize / dequantize with literal qparams,
-bit for bit against the library functions."""
+bit for bit against the library functions; static int8 convolutions, bit for bit against the
+kernel that checks and packs on every call."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from exportir.runtime.backends.fused_cpu.qlinear import (
     StaticQLinear,
     small_product,
 )
+from exportir.runtime.backends.fused_cpu.quantized import QuantizedKernelError, StaticQConv
 
 QLINEAR = "onednn.qlinear_pointwise.default"
 pytestmark = pytest.mark.skipif(QLINEAR not in KERNELS, reason="torch built without oneDNN")
@@ -154,15 +156,23 @@ def test_qconv_weight_packed_at_load_serves_int8_and_uint8_inputs():
     tail = [0.1, 3, torch.int8, "relu", [], ""]
     call = bind(QCONV, (Ref(0), X_SCALE, 5, Ref(1), Ref(2), Ref(3), None, *geometry, *tail), {},
                 False, lambda r: constants.get(r.slot) if isinstance(r, Ref) else None)
-    packed = call.args[3]
+    assert isinstance(call.fn, StaticQConv) and len(call.args) == 2  # (qx, bias)
+    packed = call.fn.weight
     assert packed.key[1] == 5  # zero point >= 0: packed for a uint8 input
     qx = torch.randint(-128, 128, (1, 4, 6, 6), dtype=torch.int8)
     as_uint8 = qx.view(torch.uint8) ^ 128
-    plain = KERNELS[QCONV].fn
-    for x, zp in ((as_uint8, 5), (qx, 5), (qx, 5)):
-        got = call.fn(x, X_SCALE, zp, packed, ws, constants[3], None, *geometry, *tail)
-        want = plain(x, X_SCALE, zp, w, ws, constants[3], None, *geometry, *tail)
-        assert torch.equal(got, want)
+    plain, b = KERNELS[QCONV].fn, torch.randn(8)
+    for x in (as_uint8, qx, qx):
+        want = plain(x, X_SCALE, 5, w, ws, constants[3], b, *geometry, *tail)
+        assert torch.equal(call.fn(x, b), want)
+        assert torch.equal(plain(x, X_SCALE, 5, packed, ws, constants[3], b, *geometry, *tail),
+                           want)
     assert list(packed.others) == [(X_SCALE, 5 + 128, (1, 1), (1, 1), (1, 1), 1)]
-    with pytest.raises(Exception, match="packed for other input qparams or geometry"):
-        call.fn(qx, X_SCALE, 5, packed, ws, constants[3], None, [2, 2], *geometry[1:], *tail)
+    with pytest.raises(QuantizedKernelError, match="packed for other input qparams or geometry"):
+        plain(qx, X_SCALE, 5, packed, ws, constants[3], None, [2, 2], *geometry[1:], *tail)
+    with pytest.raises(QuantizedKernelError, match=r"int8 / uint8 \[N, 4, H, W\] at least as"):
+        call.fn(torch.zeros(1, 4, 0, 6, dtype=torch.int8), None)  # 0 rows + padding < 3
+    with pytest.raises(QuantizedKernelError, match=r"\[N, 4, H, W\]"):
+        call.fn(torch.zeros(1, 3, 6, 6, dtype=torch.uint8), None)
+    with pytest.raises(QuantizedKernelError, match="bias must be float32 with 8 elements"):
+        call.fn(qx, torch.randn(7))

@@ -105,7 +105,7 @@ class StaticQLinear:
         acc = _INT_MM(qx if qx.dim() == 2 else qx.reshape(rows, self.k), self.weight_t)
         y = _ADDCMUL(self._shift_for(bias), acc, self._scale)
         if self.int8_out:
-            y = y.round_().clamp_(*self.bounds).to(_I8)
+            y = y.round_().clamp_(*self.bounds).char()  # .to(int8) parses overloads: ~1 us
         elif self._relu:
             y = y.relu_()
         return y if qx.dim() == 2 else y.view(*qx.shape[:-1], self.n)

@@ -480,9 +480,13 @@ class _PerTensor:
     """``quantize_per_tensor`` / ``dequantize_per_tensor`` of one op with literal qparams,
     called with the tensor alone: the library function's arithmetic, in place on the one new
     tensor it makes (float32 in, or int8 / uint8 out to float32; anything else runs the library
-    function). Results are identical to it; a quantize costs ~9 us instead of ~12."""
+    function). Results are identical to it: the scale and zero point are float32 0-dim tensors
+    made at load (a Python number is wrapped into a tensor on every call, ~1.5 us, and float32
+    arithmetic rounds it to float32 anyway); the casts are ``Tensor.char`` / ``byte`` /
+    ``float`` (``Tensor.to`` parses its overloads: ~1 us more)."""
 
-    __slots__ = ("_args", "_bounds", "_dequantize", "_library", "_scale", "_zp")
+    __slots__ = ("_args", "_cast", "_dequantize", "_dtype", "_library", "_lo_hi", "_scale",
+                 "_zp")
 
     def __init__(self, dequantize: bool, args: tuple[Any, ...]) -> None:
         _, scale, zp, qmin, qmax, dtype = args
@@ -490,21 +494,23 @@ class _PerTensor:
         self._args = args[1:]
         self._library = _LibraryFn("dequantize_per_tensor" if dequantize else
                                    "quantize_per_tensor")
-        self._scale = scale if dequantize else 1.0 / scale  # as the library computes it
-        self._zp = zp
-        self._bounds = (qmin, qmax, dtype)
+        factor = scale if dequantize else 1.0 / scale  # as the library computes it
+        self._scale = torch.tensor(factor, dtype=torch.float32)
+        self._zp = torch.tensor(float(zp)) if zp else None
+        self._lo_hi = (qmin, qmax)
+        self._dtype = dtype
+        self._cast = torch.Tensor.char if dtype == torch.int8 else torch.Tensor.byte
 
     def __call__(self, x: Any) -> torch.Tensor:
         if self._dequantize:
-            if not isinstance(x, torch.Tensor) or x.dtype != self._bounds[2]:
+            if not isinstance(x, torch.Tensor) or x.dtype != self._dtype:
                 return self._library(x, *self._args)
-            y = x.to(torch.float32)
-            return (y.sub_(self._zp) if self._zp else y).mul_(self._scale)
+            y = x.float()
+            return (y if self._zp is None else y.sub_(self._zp)).mul_(self._scale)
         if not isinstance(x, torch.Tensor) or x.dtype != torch.float32:
             return self._library(x, *self._args)
-        qmin, qmax, dtype = self._bounds
         y = x.mul(self._scale).round_()
-        return (y.add_(self._zp) if self._zp else y).clamp_(qmin, qmax).to(dtype)
+        return self._cast((y if self._zp is None else y.add_(self._zp)).clamp_(*self._lo_hi))
 
 
 def _per_tensor(dequantize: bool) -> Callable[..., Any]:

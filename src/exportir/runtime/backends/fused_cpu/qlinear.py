@@ -52,9 +52,9 @@ def small_product(rows: int, n: int, k: int) -> bool:
 
 
 class StaticQLinear:
-    """One static int8 linear of a blob (module docstring), made at load by
-    :meth:`prepare` from the op's arguments; ``onednn(qx, ...)`` runs oneDNN's kernel on the
-    packed weight (more rows, or an input that is not int8).
+    """One static int8 linear of a blob (module docstring), made at load from the op's
+    arguments (:func:`.quantized._static_qlinear`, after their checks); :meth:`onednn` runs
+    oneDNN's kernel on the packed weight (more rows, or an input that is not int8).
 
     The bias may be a delegate input (the method's constant, handed over on every call): the
     float32 shift folding it in is made the first time a bias tensor is seen and kept while the

@@ -176,3 +176,6 @@ def test_qconv_weight_packed_at_load_serves_int8_and_uint8_inputs():
         call.fn(torch.zeros(1, 3, 6, 6, dtype=torch.uint8), None)
     with pytest.raises(QuantizedKernelError, match="bias must be float32 with 8 elements"):
         call.fn(qx, torch.randn(7))
+    b.resize_(7)  # the same tensor, changed: checked again
+    with pytest.raises(QuantizedKernelError, match="bias must be float32 with 8 elements"):
+        call.fn(qx, b)

@@ -307,7 +307,7 @@ class StaticQConv:
                             for d, k, p in zip(dilation, weight.shape[2:], padding))
         self._args = (x_scale, scales, zps, list(stride), list(padding), list(dilation), groups,
                       out_scale, out_zp, out_dtype, post_op, post_args, algorithm or "")
-        self._bias: Any = None  # the last bias checked
+        self._bias: tuple[Any, Any] = (None, None)  # the last bias checked, its version
 
     def __call__(self, qx: Any, bias: Any) -> torch.Tensor:
         if not (isinstance(qx, torch.Tensor) and qx.dim() == 4 and qx.shape[1] == self._c
@@ -317,11 +317,12 @@ class StaticQConv:
                 f"qconv_pointwise: the input must be int8 / uint8 [N, {self._c}, H, W] at least "
                 f"as large as the kernel; got {getattr(qx, 'dtype', None)} "
                 f"{list(getattr(qx, 'shape', []))}")
-        if bias is not self._bias:
+        seen = self._bias
+        if bias is not seen[0] or (bias is not None and bias._version != seen[1]):
             _require(bias is None or (isinstance(bias, torch.Tensor) and bias.numel() == self._n
                                       and bias.dtype == torch.float32),
                      f"qconv_pointwise: the bias must be float32 with {self._n} elements")
-            self._bias = bias
+            self._bias = (bias, None if bias is None else bias._version)
         x_scale, scales, zps, stride, padding, dilation, groups, *rest = self._args
         qx = qx.contiguous(memory_format=torch.channels_last)
         x_zp = self._x_zp

@@ -11,8 +11,9 @@ as ``(qx, bias) -> result``; it computes what the quantized reference computes,
   ``round``, ``clamp`` (``relu`` folded into the lower bound: ``quantize(relu(y))`` is
   ``max(quantize(y), zero_point)``) and the cast to int8. Five calls, ~10-15 us on the MLP's
   shapes, where oneDNN's ``qlinear_pointwise`` spends ~25 us per call before any arithmetic;
-- **more rows**: oneDNN's ``qlinear_pointwise`` on the weight packed at load (an int8 input fed
-  as uint8, its zero point shifted by 128: oneDNN's int8 x int8 product is a slow reference
+- **more rows**: oneDNN's ``qlinear_pointwise`` on the weight packed by the first such call
+  (a one-row program never packs it: packing costs ~3 MiB of RSS once); an int8 input is fed
+  as uint8, its zero point shifted by 128 (oneDNN's int8 x int8 product is a slow reference
   path).
 
 The rule comes from timing both at one thread on AVX-512 (AMD EPYC, ``benchmarks/README.md``,
@@ -60,12 +61,12 @@ class StaticQLinear:
     float32 shift folding it in is made the first time a bias tensor is seen and kept while the
     same tensor comes back unchanged (its version counter)."""
 
-    __slots__ = ("_args", "_onednn", "_out", "_relu", "_scale", "_shift", "_zp_sums", "bounds",
-                 "int8_out", "k", "n", "weight_t")
+    __slots__ = ("_args", "_onednn", "_out", "_pack", "_relu", "_scale", "_shift", "_zp_sums",
+                 "bounds", "int8_out", "k", "n", "weight_t")
 
     def __init__(self, weight: torch.Tensor, w_scales: torch.Tensor, x_scale: float,
                  x_zp: int, out_scale: float, out_zp: int, out_dtype: Any, post_op: str,
-                 onednn: Any, onednn_args: tuple[Any, ...]) -> None:
+                 onednn: Any, onednn_args: tuple[Any, ...], pack: Any) -> None:
         self.n, self.k = weight.shape
         self.weight_t = weight.contiguous().t()  # [K, N] view: _int_mm's fast layout
         self.int8_out = out_dtype == torch.int8
@@ -74,12 +75,15 @@ class StaticQLinear:
         scale = x_scale * w_scales.double() * inv_out
         self._scale = scale.float()
         # the input zero point's share of each output: x_zp * sum_k W[n, k] * scale[n]
-        self._zp_sums = x_zp * weight.double().sum(1) * scale
+        self._zp_sums = x_zp * weight.sum(1, dtype=torch.float64) * scale  # no float64 copy
         self._shift: tuple[Any, ...] = (None, -1, None)  # (bias seen, its version, shift)
         lo = max(-128, out_zp) if self._relu else -128
         self.bounds = (float(lo), 127.0)
         self._onednn = onednn
-        self._args = onednn_args  # (x_scale, x_zp, packed, w_scales, w_zps, out_scale, ...)
+        # (x_scale, x_zp, weight, w_scales, w_zps, out_scale, ...): the weight packed for
+        # oneDNN (``pack``) by the first call that runs it, replaced whole
+        self._args = onednn_args
+        self._pack = pack
         self._out = (inv_out, out_zp)
 
     def _shift_for(self, bias: Any) -> torch.Tensor:
@@ -111,5 +115,8 @@ class StaticQLinear:
         return y if qx.dim() == 2 else y.view(*qx.shape[:-1], self.n)
 
     def onednn(self, qx: Any, bias: Any) -> torch.Tensor:
-        x_scale, x_zp, packed, w_scales, w_zps, *rest = self._args
+        args = self._args
+        if not args[2].is_mkldnn:  # packed on first use (M = 1 programs never need it)
+            args = self._args = (*args[:2], self._pack(args[2]), *args[3:])
+        x_scale, x_zp, packed, w_scales, w_zps, *rest = args
         return self._onednn(qx, x_scale, x_zp, packed, w_scales, w_zps, bias, *rest)

@@ -98,19 +98,24 @@ def _prepare_qlinear(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> t
     if weight is None or not _MKLDNN:
         return args
     try:
+        _check_plain_weight(weight)
+    except QuantizedKernelError:
+        return args  # the kernel refuses it when it runs
+    static = _static_qlinear(args, weight, constant)
+    if static is not None:  # packs for oneDNN only if a call needs it
+        return (*args[:3], static, *args[4:])
+    try:
         packed = pack_qlinear_weight(weight)
     except (QuantizedKernelError, RuntimeError):
         return args  # the kernel refuses it when it runs
-    args = (*args[:3], packed, *args[4:])
-    static = _static_qlinear(args, weight, constant)
-    return args if static is None else (*args[:3], static, *args[4:])
+    return (*args[:3], packed, *args[4:])
 
 
 def _static_qlinear(args: tuple[Any, ...], weight: torch.Tensor,
                     constant: Callable[[Any], Any]) -> StaticQLinear | None:
     """A :class:`.qlinear.StaticQLinear` for ``.default`` arguments whose weight scales and
     zero points are constants and whose qparams are literals, else None."""
-    _, x_scale, x_zp, packed, w_scales, w_zps, bias, out_scale, out_zp, out_dtype, post_op, \
+    _, x_scale, x_zp, _, w_scales, w_zps, bias, out_scale, out_zp, out_dtype, post_op, \
         post_args, algorithm = args
     scales, zps = constant(w_scales), constant(w_zps)
     n = weight.shape[0]
@@ -122,7 +127,7 @@ def _static_qlinear(args: tuple[Any, ...], weight: torch.Tensor,
         return None
     bias_value = constant(bias) if bias is not None else None
     try:
-        _check_qlinear(torch.empty(1, weight.shape[1], dtype=torch.int8), packed, scales, zps,
+        _check_qlinear(torch.empty(1, weight.shape[1], dtype=torch.int8), weight, scales, zps,
                        bias_value, out_dtype, post_op, post_args)
     except QuantizedKernelError:
         return None  # the kernel refuses it when it runs
@@ -132,8 +137,8 @@ def _static_qlinear(args: tuple[Any, ...], weight: torch.Tensor,
     onednn = _qlinear(torch.ops.onednn.qlinear_pointwise.default)
     rest = (out_scale, out_zp, out_dtype, post_op, post_args, algorithm)
     return StaticQLinear(weight, scales.reshape(n), x_scale, x_zp, out_scale, out_zp,
-                         out_dtype, post_op, onednn, (x_scale, x_zp, packed, scales, zps,
-                                                      *rest))
+                         out_dtype, post_op, onednn, (x_scale, x_zp, weight, scales, zps, *rest),
+                         pack_qlinear_weight)
 
 
 _POST_OPS = frozenset({"none", "relu"})

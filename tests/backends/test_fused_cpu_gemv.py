@@ -37,7 +37,7 @@ def test_block_weight_layout() -> None:
 
 def test_row_linear_blocks_a_weight_seen_twice() -> None:
     torch.manual_seed(0)
-    op, w = RowLinear(), torch.randn(2 * BLOCK, 8)
+    op, w = RowLinear(min_bytes=0), torch.randn(2 * BLOCK, 8)
     x = torch.randn(1, 1, 8)
     expected = torch.nn.functional.linear(x, w)
     for _ in range(3):
@@ -46,9 +46,38 @@ def test_row_linear_blocks_a_weight_seen_twice() -> None:
     torch.testing.assert_close(op(torch.randn(4, 8), w).shape, torch.Size([4, 2 * BLOCK]))
 
 
+def test_row_linear_keeps_atens_linear_for_weights_that_stay_in_cache() -> None:
+    """Below BLOCK_MIN_BYTES of one-row weights in the blob no blocked copy is made and every
+    call (any row shape) runs ATen's linear."""
+    torch.manual_seed(0)
+    op, w, b = RowLinear(), torch.randn(2 * BLOCK, 8), torch.randn(2 * BLOCK)
+    for x in (torch.randn(1, 8), torch.randn(1, 8), torch.randn(1, 8), torch.randn(1, 1, 8),
+              torch.randn(3, 8), torch.randn(1, 8)):
+        torch.testing.assert_close(op(x, w, b), torch.nn.functional.linear(x, w, b))
+    assert op._state[2] is None and op._state[4] is None
+
+
+def test_row_linears_of_one_blob_block_by_their_total_size() -> None:
+    """Two linears each under the threshold, together over it: both block (the decision counts
+    the weights every op of the group saw on the first call)."""
+    torch.manual_seed(0)
+    group: list[RowLinear] = []
+    ops = [RowLinear(min_bytes=3 * BLOCK * 8 * 4) for _ in range(2)]
+    for op in ops:
+        op.join(group)
+    ws, x = [torch.randn(2 * BLOCK, 8) for _ in ops], torch.randn(1, 8)
+    for _ in range(2):
+        for op, w in zip(ops, ws):
+            torch.testing.assert_close(op(x, w), torch.nn.functional.linear(x, w))
+    assert all(op._state[2] is not None for op in ops)
+    alone = RowLinear(min_bytes=3 * BLOCK * 8 * 4)
+    alone(x, ws[0]), alone(x, ws[0])
+    assert alone._state[2] is None
+
+
 def test_row_linear_follows_a_changed_weight() -> None:
     torch.manual_seed(0)
-    op, w = RowLinear(), torch.randn(BLOCK, 8)
+    op, w = RowLinear(min_bytes=0), torch.randn(BLOCK, 8)
     x = torch.randn(1, 8)
     op(x, w), op(x, w)
     w.mul_(2)  # written in place: the blocked copy is stale

@@ -148,13 +148,28 @@ class _Convs(torch.nn.Module):
 def test_qconv_matches_the_eager_quantized_reference(tmp_path):
     """Each int8 convolution against torch's eager quantized reference: the reference's
     ``quantize(conv(dequantize(qx), dequantize(W8)))`` on the same int8 input, compared in
-    int8 steps (at most one step off, on few elements)."""
+    int8 steps (at most one step off, on few elements). The activations between them, read
+    only by convolutions and dequantizes, are written as uint8 (zero point + 128: oneDNN's
+    int8 convolution runs on uint8, no shift per call)."""
     torch.manual_seed(6)
     model = _Convs().eval()
     x = torch.randn(2, 4, 12, 12)
     converted = quantize(model, (x,), [(torch.randn(2, 4, 12, 12),) for _ in range(4)])
-    program, counts = fused_program(converted, (x,), tmp_path)
+    ep = exportir.export(converted, (x,))
+    lowered = exportir.to_edge_transform_and_lower(ep, partitioner=[FusedCpuPartitioner()])
+    rows = [row for _, m in lowered.exported_program().graph_module.named_children()
+            if hasattr(m, "processed_bytes") for row in decode_blob(m.processed_bytes).ops]
+    counts = collections.Counter(r.name for r in rows)
     assert counts[QCONV] == 3 and counts["aten.hardtanh.default"] == 0, counts  # relu6 fused
+    quantizes = [r for r in rows if r.name == "quantized_decomposed.quantize_per_tensor.default"]
+    convs = [r for r in rows if r.name == QCONV]
+    assert [r.args[5] for r in quantizes] == [torch.uint8]
+    assert tuple(quantizes[0].args[3:5]) == (0, 255)
+    assert [r.args[13] for r in convs] == [torch.uint8] * 3, [r.args[13] for r in convs]
+    assert all(0 <= r.args[2] <= 255 and 0 <= r.args[12] <= 255 for r in convs)
+    path = tmp_path / "p.xpt"
+    lowered.to_program().save(path)
+    program = Program.load(path)
     for _ in range(2):
         x = torch.randn(2, 4, 12, 12)
         got, ref = program.method("forward")(x), converted(x)

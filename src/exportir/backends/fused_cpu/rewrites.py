@@ -37,7 +37,7 @@ from exportir.backends.fused_cpu.conv import CONV_FUSIONS, CONV_RULES, channels_
 from exportir.backends.fused_cpu.epilogue import EPILOGUE_FUSIONS, LINEAR_RULES
 from exportir.backends.fused_cpu.ir import Graph, Op, Value, static_shape, values_in
 from exportir.backends.fused_cpu.layout import LAYOUT_RULES
-from exportir.backends.fused_cpu.quantized import QUANT_RULES
+from exportir.backends.fused_cpu.quantized import QUANT_RULES, uint8_activations
 from exportir.runtime.backends.fused_cpu import DTYPES
 
 __all__ = ["FOLD_LIMIT", "KERNEL_RULES", "RULES", "fold_constants", "optimize"]
@@ -467,5 +467,6 @@ def optimize(g: Graph) -> Graph:
     _settle(g)
     if _apply_rules(g, KERNEL_RULES):
         _settle(g)
+    uint8_activations(g)  # after the int8 kernels are chosen: it reads what they are
     channels_last(g)  # last: the layout rules would see the conversions as copies to drop
     return g

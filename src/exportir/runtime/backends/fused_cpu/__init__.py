@@ -8,6 +8,8 @@ id and kernel table.
 
 - :mod:`.format`: the blob layout (a JSON op list plus raw constant bytes) and its validation;
 - :mod:`.kernels`: the closed kernel table (:data:`OPS`), each op's fastest torch entry;
+  :mod:`.quantized` and :mod:`.qlinear` its int8 / int4 kernels, some made at load for ops
+  whose weights and qparams are constants;
 - :mod:`.plan`: value lifetimes, memory sharing and the in-place safety rule;
 - :mod:`.executor`: the blob compiled into one straight-line function at ``init``.
 

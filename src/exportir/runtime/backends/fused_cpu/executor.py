@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from exportir.runtime.backends.fused_cpu.format import Blob, OpRow, fail
+from exportir.runtime.backends.fused_cpu.gemv import RowLinear
 from exportir.runtime.backends.fused_cpu.kernels import Call, Ref, SchemaMismatch, bind
 from exportir.runtime.backends.fused_cpu.limits import (
     DEFAULT_MAX_BYTES,
@@ -126,6 +127,7 @@ class _Source:
         self.literals = 0
         self.lines: list[str] = []
         self.line_ops: dict[int, int] = {}
+        self.row_linears: list[RowLinear] = []  # one group: they block by the blob's total
 
     def constant(self, x: Any) -> torch.Tensor | None:
         """The tensor of a constant slot ``x`` reads, else None."""
@@ -177,6 +179,8 @@ class _Source:
             call = bind(row.name, row.args, row.kwargs, row.inplace, self.constant, row.normalized)
         except SchemaMismatch as e:  # decode checked the arguments; kept for direct callers
             raise fail(f"ops[{i}]", f"{row.name}: {e}") from None
+        if isinstance(call.fn, RowLinear):
+            call.fn.join(self.row_linears)
         try:
             call = guard(row.name, row.node, call, self.max_bytes)
         except FusedAllocationError as e:

@@ -37,7 +37,11 @@ from exportir.runtime.backends.fused_cpu.dynamic_int8 import (
     DYNAMIC_INT8_SCHEMAS,
 )
 from exportir.runtime.backends.fused_cpu.gemv import RowLinear
-from exportir.runtime.backends.fused_cpu.quantized import QUANTIZED_KERNEL_FNS, define_library
+from exportir.runtime.backends.fused_cpu.quantized import (
+    QUANTIZED_KERNEL_FNS,
+    QUANTIZED_SPECIALIZED,
+    define_library,
+)
 from exportir.runtime.backends.fused_cpu.rnn import RNN_KERNELS, RnnShapeError
 
 __all__ = [
@@ -152,6 +156,21 @@ def _slice(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
 
 def _row_linear(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
     return Call("call", RowLinear(), args, kwargs)
+
+
+def _specialized(fn: Callable[..., Any], specialize: Callable[..., Any]
+                 ) -> Callable[[tuple[Any, ...], dict[str, Any]], Call]:
+    """A binding running the kernel ``specialize`` made at load for this op's constant
+    arguments (a static int8 linear is called with ``(qx, bias)``, a quantize with its
+    tensor), else ``fn`` on all the arguments."""
+
+    def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
+        special = specialize(args, kwargs)
+        if special is not None:
+            return Call("call", special[0], special[1])
+        return Call("call", fn, args, kwargs)
+
+    return bind
 
 
 class AttentionShapeError(ValueError):
@@ -436,7 +455,9 @@ KERNELS: dict[str, Kernel] = {
     # LSTM / GRU over the whole sequence, shapes checked (.rnn)
     **{name: Kernel(fn, prepare=_schema_errors(prepare)) for name, (fn, prepare) in RNN_KERNELS.items()},
     # int8 / int4: quantize-dequantize, oneDNN's qlinear, weight-only matmuls (.quantized)
-    **{name: Kernel(fn, prepare=prepare) for name, (fn, prepare) in QUANTIZED_KERNEL_FNS.items()},
+    **{name: Kernel(fn, prepare=prepare, bind=_specialized(fn, QUANTIZED_SPECIALIZED[name])
+                    if name in QUANTIZED_SPECIALIZED else None)
+       for name, (fn, prepare) in QUANTIZED_KERNEL_FNS.items()},
     # dynamically quantized int8 linear on fbgemm, float32 math without it (.dynamic_int8)
     **{name: Kernel(fn, prepare=prepare) for name, (fn, prepare) in DYNAMIC_INT8_KERNELS.items()},
 }  # fmt: skip

@@ -23,6 +23,7 @@ Imports only torch and the standard library (and the fused CPU backend's :mod:`.
 from __future__ import annotations
 
 import importlib
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,8 +31,9 @@ from typing import Any
 import torch
 
 from exportir.runtime.backends.fused_cpu.gemv import block_weight, blockable, blocked_linear
+from exportir.runtime.backends.fused_cpu.qlinear import StaticQLinear
 
-__all__ = ["QUANTIZED_KERNEL_FNS", "DenseWeight", "define_library", "pack_qlinear_weight"]
+__all__ = ["QUANTIZED_KERNEL_FNS", "QUANTIZED_SPECIALIZED", "DenseWeight", "define_library", "pack_qlinear_weight"]
 
 _LIBRARY_MODULE = "exportir.format.quantized_ops"
 NAMESPACES = frozenset({"quantized_decomposed"})
@@ -43,14 +45,25 @@ def define_library(namespace: str) -> None:
         importlib.import_module(_LIBRARY_MODULE).define()
 
 
+class _LibraryFn:
+    """The kernel ``name`` of the quantized op library, imported on first call and kept (an
+    import lookup on every call cost ~3 us of a ~10 us quantize)."""
+
+    __slots__ = ("__name__", "_fn")
+
+    def __init__(self, name: str) -> None:
+        self.__name__ = name
+        self._fn: Callable[..., Any] | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fn = self._fn
+        if fn is None:
+            fn = self._fn = getattr(importlib.import_module(_LIBRARY_MODULE), self.__name__)
+        return fn(*args, **kwargs)
+
+
 def _library_fn(name: str) -> Callable[..., Any]:
-    """The kernel ``name`` of the quantized op library, imported on first call."""
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        return getattr(importlib.import_module(_LIBRARY_MODULE), name)(*args, **kwargs)
-
-    run.__name__ = name
-    return run
+    return _LibraryFn(name)
 
 
 class QuantizedKernelError(ValueError):
@@ -63,6 +76,8 @@ def _require(ok: bool, what: str) -> None:
 
 
 _MKLDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops, "onednn")
+_QCONV_OP = torch.ops.onednn.qconv_pointwise.default if _MKLDNN and hasattr(
+    torch.ops.onednn, "qconv_pointwise") else None
 
 
 def _check_plain_weight(w: Any) -> None:
@@ -82,10 +97,47 @@ def _prepare_qlinear(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> t
     if weight is None or not _MKLDNN:
         return args
     try:
+        _check_plain_weight(weight)
+    except QuantizedKernelError:
+        return args  # the kernel refuses it when it runs
+    static = _static_qlinear(args, weight, constant)
+    if static is not None:  # packs for oneDNN only if a call needs it
+        return (*args[:3], static, *args[4:])
+    try:
         packed = pack_qlinear_weight(weight)
     except (QuantizedKernelError, RuntimeError):
         return args  # the kernel refuses it when it runs
     return (*args[:3], packed, *args[4:])
+
+
+def _static_qlinear(args: tuple[Any, ...], weight: torch.Tensor,
+                    constant: Callable[[Any], Any]) -> StaticQLinear | None:
+    """A :class:`.qlinear.StaticQLinear` for ``.default`` arguments whose weight scales and
+    zero points are constants and whose qparams are literals, else None."""
+    _, x_scale, x_zp, _, w_scales, w_zps, bias, out_scale, out_zp, out_dtype, post_op, \
+        post_args, algorithm = args
+    scales, zps = constant(w_scales), constant(w_zps)
+    n = weight.shape[0]
+    if scales is None or zps is None or not (type(x_scale) is float and type(x_zp) is int
+                                              and type(out_scale) is float
+                                              and type(out_zp) is int):
+        return None
+    if out_dtype == torch.int8 and not 0 < out_scale < math.inf:
+        return None
+    bias_value = constant(bias) if bias is not None else None
+    try:
+        _check_qlinear(torch.empty(1, weight.shape[1], dtype=torch.int8), weight, scales, zps,
+                       bias_value, out_dtype, post_op, post_args)
+    except QuantizedKernelError:
+        return None  # the kernel refuses it when it runs
+    if out_dtype not in (torch.int8, torch.float32) or bool(zps.any()) or (
+            out_dtype == torch.float32 and (out_scale, out_zp) != (1.0, 0)):
+        return None
+    onednn = _qlinear(torch.ops.onednn.qlinear_pointwise.default)
+    rest = (out_scale, out_zp, out_dtype, post_op, post_args, algorithm)
+    return StaticQLinear(weight, scales.reshape(n), x_scale, x_zp, out_scale, out_zp,
+                         out_dtype, post_op, onednn, (x_scale, x_zp, weight, scales, zps, *rest),
+                         pack_qlinear_weight)
 
 
 _POST_OPS = frozenset({"none", "relu"})
@@ -127,19 +179,37 @@ def _qlinear(op: Any) -> Callable[..., Any]:
 
 class PackedConvWeight:
     """An int8 convolution weight ``[O, C / groups, kH, kW]`` in oneDNN's packed form (made at
-    load for the program's stride / padding / dilation / groups and input qparams). A kernel
+    load for the program's stride / padding / dilation / groups and input qparams). oneDNN
+    runs on uint8 inputs, and the packing depends on the input's zero point as oneDNN sees it
+    (an int8 input's + 128); the blob does not say whether an input is int8 or uint8, so load
+    guesses from the zero point (negative: int8) and a call meeting the other packs once more
+    for its own (``others``, by key; ``plain`` and ``scales`` are kept for that). A kernel
     argument, so a plain slotted class (not a tuple that argument walkers would descend into;
     not a dataclass, see :mod:`.kernels`)."""
 
-    __slots__ = ("key", "packed", "shape")
+    __slots__ = ("key", "others", "packed", "plain", "scales", "shape")
 
-    def __init__(self, packed: torch.Tensor, shape: tuple[int, ...], key: tuple[Any, ...]) -> None:
+    def __init__(self, packed: torch.Tensor, shape: tuple[int, ...], key: tuple[Any, ...],
+                 plain: torch.Tensor | None = None, scales: torch.Tensor | None = None) -> None:
         self.packed = packed
         self.shape = shape
         self.key = key
+        self.plain = plain
+        self.scales = scales
+        self.others: dict[tuple[Any, ...], torch.Tensor] = {}
 
     def __repr__(self) -> str:
         return f"PackedConvWeight(shape={self.shape!r}, key={self.key!r})"
+
+    def for_key(self, key: tuple[Any, ...]) -> torch.Tensor | None:
+        """The packed weight for the call's ``key`` (packed now when first met), or None."""
+        if key == self.key:
+            return self.packed
+        packed = self.others.get(key)
+        if packed is None and self.plain is not None:
+            packed = _pack_qconv(self.plain, self.scales, *key[:2], *key[2:]).packed
+            self.others[key] = packed
+        return packed
 
 
 def _check_qconv(qx: Any, w: Any, w_scales: Any, w_zps: Any, bias: Any, stride: Any,
@@ -200,10 +270,11 @@ def _qconv(qx: Any, x_scale: Any, x_zp: Any, w: Any, w_scales: Any, w_zps: Any, 
     key = (float(x_scale), int(x_zp), tuple(stride), tuple(padding), tuple(dilation), groups)
     if not isinstance(w, PackedConvWeight):
         w = _pack_qconv(w, w_scales, x_scale, x_zp, stride, padding, dilation, groups)
-    _require(w.key == key, "qconv_pointwise: the weight was packed for other input qparams or "
-             "geometry than the call's")
+    packed = w.for_key(key) if w.key[2:] == key[2:] else None
+    _require(packed is not None, "qconv_pointwise: the weight was packed for other input "
+             "qparams or geometry than the call's")
     return torch.ops.onednn.qconv_pointwise.default(
-        qx, x_scale, x_zp, w.packed, w_scales, w_zps, bias, list(stride), list(padding),
+        qx, x_scale, x_zp, packed, w_scales, w_zps, bias, list(stride), list(padding),
         list(dilation), groups, out_scale, out_zp, out_dtype, post_op, post_args, algorithm or "")
 
 
@@ -211,7 +282,9 @@ def _prepare_qconv(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> tup
     weight, scales = constant(args[3]), constant(args[4])
     if weight is None or scales is None or not _MKLDNN or not isinstance(args[1], float):
         return args
-    x_zp = args[2] + 128  # the kernel feeds an int8 input as uint8 (_qconv)
+    # the kernel feeds an int8 input as uint8, zero point + 128 (_qconv): a negative zero
+    # point is an int8 input's (PackedConvWeight)
+    x_zp = args[2] + 128 if type(args[2]) is int and args[2] < 0 else args[2]
     try:
         _check_qconv(torch.empty(1, weight.shape[1] * args[10], *[
             d * (k - 1) + 1 for d, k in zip(args[9], weight.shape[2:])], dtype=torch.int8),
@@ -219,7 +292,58 @@ def _prepare_qconv(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> tup
         packed = _pack_qconv(weight, scales, args[1], x_zp, *args[7:11])
     except (QuantizedKernelError, RuntimeError, TypeError, IndexError):
         return args  # the kernel refuses it when it runs
-    return (*args[:3], packed, *args[4:])
+    packed = PackedConvWeight(packed.packed, packed.shape, packed.key, weight.contiguous(),
+                              scales.float())
+    args = (*args[:3], packed, *args[4:])
+    if not (type(args[2]) is int and isinstance(args[11], float) and type(args[12]) is int):
+        return args
+    return (*args[:3], StaticQConv(args, scales, constant(args[5])), *args[4:])
+
+
+class StaticQConv:
+    """``onednn.qconv_pointwise.default`` for one op whose weight, qparams and geometry are
+    constants, checked once at load (:func:`_prepare_qconv`): called as ``(qx, bias)``, it
+    checks only what changes between calls (the input's dtype and size, a bias handed in) and
+    calls oneDNN with arguments built at load; ``_qconv`` spent ~18 us per call re-checking
+    and rebuilding them (a MobileNetV2 runs 52)."""
+
+    __slots__ = ("_args", "_bias", "_c", "_least", "_n", "_x_zp", "weight")
+
+    def __init__(self, args: tuple[Any, ...], scales: torch.Tensor, zps: torch.Tensor) -> None:
+        (_, x_scale, x_zp, weight, _, _, _, stride, padding, dilation, groups, out_scale, out_zp,
+         out_dtype, post_op, post_args, algorithm) = args
+        self.weight: PackedConvWeight = weight
+        self._x_zp = x_zp
+        self._n, self._c = weight.shape[0], weight.shape[1] * groups
+        self._least = tuple(d * (k - 1) + 1 - 2 * p
+                            for d, k, p in zip(dilation, weight.shape[2:], padding))
+        self._args = (x_scale, scales, zps, list(stride), list(padding), list(dilation), groups,
+                      out_scale, out_zp, out_dtype, post_op, post_args, algorithm or "")
+        self._bias: tuple[Any, Any] = (None, None)  # the last bias checked, its version
+
+    def __call__(self, qx: Any, bias: Any) -> torch.Tensor:
+        if not (isinstance(qx, torch.Tensor) and qx.dim() == 4 and qx.shape[1] == self._c
+                and qx.shape[0] > 0 and qx.shape[2] >= self._least[0]
+                and qx.shape[3] >= self._least[1] and qx.dtype in (torch.uint8, torch.int8)):
+            raise QuantizedKernelError(
+                f"qconv_pointwise: the input must be int8 / uint8 [N, {self._c}, H, W] at least "
+                f"as large as the kernel; got {getattr(qx, 'dtype', None)} "
+                f"{list(getattr(qx, 'shape', []))}")
+        seen = self._bias
+        if bias is not seen[0] or (bias is not None and bias._version != seen[1]):
+            _require(bias is None or (isinstance(bias, torch.Tensor) and bias.numel() == self._n
+                                      and bias.dtype == torch.float32),
+                     f"qconv_pointwise: the bias must be float32 with {self._n} elements")
+            self._bias = (bias, None if bias is None else bias._version)
+        x_scale, scales, zps, stride, padding, dilation, groups, *rest = self._args
+        qx = qx.contiguous(memory_format=torch.channels_last)
+        x_zp = self._x_zp
+        if qx.dtype == torch.int8:  # fed as uint8 (_qconv)
+            qx, x_zp = torch.bitwise_xor(qx.view(torch.uint8), 128), x_zp + 128
+        w = self.weight
+        packed = w.packed if x_zp == w.key[1] else w.for_key((w.key[0], x_zp, *w.key[2:]))
+        return _QCONV_OP(qx, x_scale, x_zp, packed, scales, zps, bias, stride, padding,
+                         dilation, groups, *rest)
 
 
 class DenseWeight:
@@ -371,6 +495,82 @@ def _prepare_int4pack(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> 
         return args  # the kernel refuses these arguments when it runs
     return (args[0], DenseWeight.of(dense), *args[2:])
 
+
+class _PerTensor:
+    """``quantize_per_tensor`` / ``dequantize_per_tensor`` of one op with literal qparams,
+    called with the tensor alone: the library function's arithmetic, in place on the one new
+    tensor it makes (float32 in, or int8 / uint8 out to float32; anything else runs the library
+    function). Results are identical to it: the scale and zero point are float32 0-dim tensors
+    made at load (a Python number is wrapped into a tensor on every call, ~1.5 us, and float32
+    arithmetic rounds it to float32 anyway); the casts are ``Tensor.char`` / ``byte`` /
+    ``float`` (``Tensor.to`` parses its overloads: ~1 us more)."""
+
+    __slots__ = ("_args", "_cast", "_dequantize", "_dtype", "_library", "_lo_hi", "_scale",
+                 "_zp")
+
+    def __init__(self, dequantize: bool, args: tuple[Any, ...]) -> None:
+        _, scale, zp, qmin, qmax, dtype = args
+        self._dequantize = dequantize
+        self._args = args[1:]
+        self._library = _LibraryFn("dequantize_per_tensor" if dequantize else
+                                   "quantize_per_tensor")
+        factor = scale if dequantize else 1.0 / scale  # as the library computes it
+        self._scale = torch.tensor(factor, dtype=torch.float32)
+        self._zp = torch.tensor(float(zp)) if zp else None
+        self._lo_hi = (qmin, qmax)
+        self._dtype = dtype
+        self._cast = torch.Tensor.char if dtype == torch.int8 else torch.Tensor.byte
+
+    def __call__(self, x: Any) -> torch.Tensor:
+        if self._dequantize:
+            if not isinstance(x, torch.Tensor) or x.dtype != self._dtype:
+                return self._library(x, *self._args)
+            y = x.float()
+            return (y if self._zp is None else y.sub_(self._zp)).mul_(self._scale)
+        if not isinstance(x, torch.Tensor) or x.dtype != torch.float32:
+            return self._library(x, *self._args)
+        y = x.mul(self._scale).round_()
+        return self._cast((y if self._zp is None else y.add_(self._zp)).clamp_(*self._lo_hi))
+
+
+def _per_tensor(dequantize: bool) -> Callable[..., Any]:
+    def specialize(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        scale, zp, qmin, qmax, dtype = args[1:6]
+        out = kwargs.get("out_dtype")
+        if (kwargs and (not dequantize or out not in (None, torch.float32) or len(kwargs) > 1)
+                or type(scale) is not float or not 0 < scale < math.inf
+                or type(zp) is not int or dtype not in (torch.int8, torch.uint8)
+                or type(qmin) is not int or type(qmax) is not int):
+            return None
+        try:
+            importlib.import_module(_LIBRARY_MODULE)._check_bounds(qmin, qmax, dtype)
+        except ValueError:
+            return None  # the library refuses it when it runs
+        return _PerTensor(dequantize, args), (args[0],)
+
+    return specialize
+
+
+def _static_qconv_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if isinstance(args[3], StaticQConv):
+        return args[3], (args[0], args[6])
+    return None
+
+
+def _static_qlinear_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if isinstance(args[3], StaticQLinear):
+        return args[3], (args[0], args[6])
+    return None
+
+
+# name -> specialize(args, kwargs): ``(callable, its arguments)`` for an op whose constant
+# arguments let it run on a kernel made for it at load, else None (the table's kernel runs)
+QUANTIZED_SPECIALIZED: dict[str, Callable[..., Any]] = {
+    "quantized_decomposed.quantize_per_tensor.default": _per_tensor(False),
+    "quantized_decomposed.dequantize_per_tensor.default": _per_tensor(True),
+    "onednn.qlinear_pointwise.default": _static_qlinear_call,
+    "onednn.qconv_pointwise.default": _static_qconv_call,
+}
 
 # name -> (kernel, prepare)
 QUANTIZED_KERNEL_FNS: dict[str, tuple[Callable[..., Any], Any]] = {

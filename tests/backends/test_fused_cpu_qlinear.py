@@ -1,0 +1,181 @@
+"""Quantized kernels the fused CPU executor makes at load for ops with constant arguments:
+static int8 linears (``runtime/backends/fused_cpu/qlinear.py``), both kernels (``_int_mm`` for
+few rows, oneDNN for more) against the quantized reference ``quantize(post(dequantize(qx) @
+dequantize(W).T + b))`` in int8 steps; per-tensor quantize / dequantize with literal qparams,
+bit for bit against the library functions; static int8 convolutions, bit for bit against the
+kernel that checks and packs on every call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from exportir.format import quantized_ops as q
+from exportir.runtime.backends.fused_cpu.kernels import KERNELS, Ref, bind
+from exportir.runtime.backends.fused_cpu.qlinear import (
+    SMALL_MACS,
+    QLinearError,
+    StaticQLinear,
+    small_product,
+)
+from exportir.runtime.backends.fused_cpu.quantized import QuantizedKernelError, StaticQConv
+
+QLINEAR = "onednn.qlinear_pointwise.default"
+pytestmark = pytest.mark.skipif(QLINEAR not in KERNELS, reason="torch built without oneDNN")
+
+X_SCALE, OUT_SCALE = 0.05, 0.2
+
+
+def _reference(qx, x_zp, w, ws, b, out_zp, out_dtype, post):
+    x = q.dequantize_per_tensor(qx, X_SCALE, x_zp, -128, 127, torch.int8)
+    y = torch.nn.functional.linear(x, w.float() * ws[:, None], b)
+    y = torch.relu(y) if post == "relu" else y
+    if out_dtype == torch.float32:
+        return y
+    return q.quantize_per_tensor(y, OUT_SCALE, out_zp, -128, 127, torch.int8)
+
+
+def _prepared(w, ws, x_zp, b_slot, out_zp, out_dtype, post):
+    """The kernel the executor binds for a blob whose weight and scales are constants."""
+    n = w.shape[0]
+    constants = {1: w, 2: ws, 3: torch.zeros(n, dtype=torch.int64)}
+    out_scale, zp = (OUT_SCALE, out_zp) if out_dtype == torch.int8 else (1.0, 0)
+    args = [Ref(0), X_SCALE, x_zp, Ref(1), Ref(2), Ref(3), b_slot, out_scale, zp, out_dtype,
+            post, [], ""]
+    call = bind(QLINEAR, tuple(args), {}, False,
+                lambda r: constants.get(r.slot) if isinstance(r, Ref) else None)
+    return call.fn
+
+
+@pytest.mark.parametrize("rows", [(1,), (3,), (2, 5), (64,), (4, 50)], ids=str)
+@pytest.mark.parametrize(("post", "out_zp"), [("relu", -128), ("relu", 7), ("none", 3)])
+@pytest.mark.parametrize("out_dtype", [torch.int8, torch.float32], ids=["int8", "float32"])
+def test_static_qlinear_matches_the_quantized_reference(rows, post, out_zp, out_dtype):
+    torch.manual_seed(len(rows) * 31 + rows[0] + out_zp)
+    k, n = 96, 40
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    ws = torch.rand(n) * 0.01 + 1e-3
+    b, x_zp = torch.randn(n), -9
+    kernel = _prepared(w, ws, x_zp, None, out_zp, out_dtype, post)
+    assert isinstance(kernel, StaticQLinear)
+    for _ in range(2):
+        qx = torch.randint(-128, 128, (*rows, k), dtype=torch.int8)
+        got = kernel(qx, b)
+        want = _reference(qx, x_zp, w, ws, b, out_zp, out_dtype, post)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        if out_dtype == torch.float32:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+            continue
+        steps = (got.int() - want.int()).abs()
+        assert steps.max() <= 1 and (steps > 0).float().mean() < 0.01, steps.max()
+        if post == "relu":
+            assert got.min() >= max(out_zp, -128)
+
+
+def test_both_kernels_agree_and_the_rule_picks_by_size():
+    torch.manual_seed(1)
+    k, n = 256, 64
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    ws = torch.rand(n) * 0.01 + 1e-3
+    b = torch.randn(n)
+    kernel = _prepared(w, ws, 4, None, -128, torch.int8, "relu")
+    qx = torch.randint(-128, 128, (5, k), dtype=torch.int8)
+    small, dnn = kernel(qx, b), kernel.onednn(qx, b)
+    assert (small.int() - dnn.int()).abs().max() <= 1
+    assert small_product(1, 4096, 4096) and small_product(8, n, k)
+    assert not small_product(2, 1024, SMALL_MACS // 1024)  # two rows of that: 2x the budget
+
+
+def test_a_changed_bias_is_folded_again():
+    """The bias is a delegate input: the folded shift follows a new tensor or one written in
+    place, and a bias of the wrong shape is refused by name."""
+    torch.manual_seed(2)
+    k, n = 32, 16
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    ws = torch.rand(n) * 0.01 + 1e-3
+    kernel = _prepared(w, ws, 0, None, 0, torch.float32, "none")
+    qx = torch.randint(-128, 128, (1, k), dtype=torch.int8)
+    b = torch.randn(n)
+    first = kernel(qx, b)
+    b.add_(1.0)
+    torch.testing.assert_close(kernel(qx, b), first + 1.0, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kernel(qx, None), first - b + 1.0, rtol=1e-5, atol=1e-4)
+    with pytest.raises(QLinearError, match=r"bias must be float32 \[16\]"):
+        kernel(qx, torch.randn(15))
+    with pytest.raises(QLinearError, match=r"int8 / uint8 \[\.\.\., 32\]"):
+        kernel(torch.zeros(1, 31, dtype=torch.int8), b)
+
+
+def test_a_uint8_input_runs_onednn():
+    torch.manual_seed(3)
+    k, n = 32, 16
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    ws = torch.rand(n) * 0.01 + 1e-3
+    kernel = _prepared(w, ws, 5, None, 0, torch.int8, "none")
+    qx = torch.randint(-128, 128, (1, k), dtype=torch.int8)
+    b = torch.randn(n)
+    as_uint8 = (qx.view(torch.uint8) ^ 128)  # the same values, zero point + 128
+    got = KERNELS[QLINEAR].fn(as_uint8, X_SCALE, 5 + 128, w, ws,
+                              torch.zeros(n, dtype=torch.int64), b, OUT_SCALE, 0, torch.int8,
+                              "none", [], "")
+    assert (got.int() - kernel(qx, b).int()).abs().max() <= 1
+
+
+@pytest.mark.parametrize("zp", [0, -7])
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8], ids=["int8", "uint8"])
+def test_per_tensor_quantize_made_at_load_equals_the_library(zp, dtype):
+    """Literal qparams: the kernel made at load gives the library's results bit for bit, on
+    values at half steps (ties) and out of range too; other input dtypes run the library."""
+    scale = 0.0286  # not a float32 number: the kernel's constants must round as torch does
+    lo, hi = (-128, 127) if dtype == torch.int8 else (0, 255)
+    zp = zp if dtype == torch.int8 else 128 + zp
+    names = [f"quantized_decomposed.{op}_per_tensor.default" for op in ("quantize", "dequantize")]
+    quantize, dequantize = (bind(n, (Ref(0), scale, zp, lo, hi, dtype), {}).fn for n in names)
+    assert quantize is not KERNELS[names[0]].fn and dequantize is not KERNELS[names[1]].fn
+    x = torch.cat([(torch.arange(-80, 80) + 0.5) * scale, torch.randn(300) * 3]).reshape(2, -1)
+    got = quantize(x)
+    assert torch.equal(got, q.quantize_per_tensor(x, scale, zp, lo, hi, dtype))
+    assert torch.equal(dequantize(got), q.dequantize_per_tensor(got, scale, zp, lo, hi, dtype))
+    half = x.to(torch.bfloat16)
+    assert torch.equal(quantize(half), q.quantize_per_tensor(half, scale, zp, lo, hi, dtype))
+
+
+QCONV = "onednn.qconv_pointwise.default"
+
+
+@pytest.mark.skipif(QCONV not in KERNELS, reason="torch built without oneDNN's qconv")
+def test_qconv_weight_packed_at_load_serves_int8_and_uint8_inputs():
+    """oneDNN packs a convolution weight for the input zero point it sees (an int8 input's +
+    128); load guesses the input's dtype from the zero point and a call with the other packs
+    once more: both give what the weight packed at the call gives."""
+    torch.manual_seed(5)
+    w = torch.randint(-127, 128, (8, 4, 3, 3), dtype=torch.int8)
+    ws = torch.rand(8) * 0.01 + 1e-3
+    constants = {1: w, 2: ws, 3: torch.zeros(8, dtype=torch.int64)}
+    geometry = [[1, 1], [1, 1], [1, 1], 1]
+    tail = [0.1, 3, torch.int8, "relu", [], ""]
+    call = bind(QCONV, (Ref(0), X_SCALE, 5, Ref(1), Ref(2), Ref(3), None, *geometry, *tail), {},
+                False, lambda r: constants.get(r.slot) if isinstance(r, Ref) else None)
+    assert isinstance(call.fn, StaticQConv) and len(call.args) == 2  # (qx, bias)
+    packed = call.fn.weight
+    assert packed.key[1] == 5  # zero point >= 0: packed for a uint8 input
+    qx = torch.randint(-128, 128, (1, 4, 6, 6), dtype=torch.int8)
+    as_uint8 = qx.view(torch.uint8) ^ 128
+    plain, b = KERNELS[QCONV].fn, torch.randn(8)
+    for x in (as_uint8, qx, qx):
+        want = plain(x, X_SCALE, 5, w, ws, constants[3], b, *geometry, *tail)
+        assert torch.equal(call.fn(x, b), want)
+        assert torch.equal(plain(x, X_SCALE, 5, packed, ws, constants[3], b, *geometry, *tail),
+                           want)
+    assert list(packed.others) == [(X_SCALE, 5 + 128, (1, 1), (1, 1), (1, 1), 1)]
+    with pytest.raises(QuantizedKernelError, match="packed for other input qparams or geometry"):
+        plain(qx, X_SCALE, 5, packed, ws, constants[3], None, [2, 2], *geometry[1:], *tail)
+    with pytest.raises(QuantizedKernelError, match=r"int8 / uint8 \[N, 4, H, W\] at least as"):
+        call.fn(torch.zeros(1, 4, 0, 6, dtype=torch.int8), None)  # 0 rows + padding < 3
+    with pytest.raises(QuantizedKernelError, match=r"\[N, 4, H, W\]"):
+        call.fn(torch.zeros(1, 3, 6, 6, dtype=torch.uint8), None)
+    with pytest.raises(QuantizedKernelError, match="bias must be float32 with 8 elements"):
+        call.fn(qx, torch.randn(7))
+    b.resize_(7)  # the same tensor, changed: checked again
+    with pytest.raises(QuantizedKernelError, match="bias must be float32 with 8 elements"):
+        call.fn(qx, b)

@@ -17,6 +17,7 @@ from torch._ops import HigherOrderOperator
 from exportir import pytree
 from exportir.export.capture._finalize import finalize_retrace
 from exportir.export.capture._outputs import _output_value
+from exportir.export.capture._redecide import Reshapes
 from exportir.export.capture._runtime_asserts import insert_runtime_asserts
 from exportir.export.capture._view_replay import ViewReplay, mutation_roots
 from exportir.export.capture.extension import NO_EXTENSION, CaptureExtension
@@ -100,6 +101,7 @@ def _retrace_once(
         env[ph] = fake
     output = None
     replay = ViewReplay(mutation_roots(gm, mutation_outputs))
+    reshapes = Reshapes(gm)
 
     def rerun_view(view: Node) -> None:
         env[view] = _rerun(view, env)
@@ -114,9 +116,12 @@ def _retrace_once(
         with torch.no_grad(), TraceSettings(rec.whole), CaptureMode(rec), ext_mode:
             for node in gm.graph.nodes:
                 if node.op == "call_function":
+                    if reshapes.skips(node):
+                        continue
                     rec.origin = node
                     replay.before(node, rerun_view)
-                    env[node] = _rerun(node, env)
+                    out = reshapes.rerun(node, lambda a: _lookup(a, env))
+                    env[node] = _rerun(node, env) if out is None else out
                     replay.after(node)
                 elif node.op == "get_attr":  # a cond/map/while_loop body
                     env[node] = getattr(gm, node.target)

@@ -1,0 +1,85 @@
+"""Reshapes re-decided against the layouts of a re-trace.
+
+Capture records what ``reshape`` did on the layouts it saw: a ``view`` when the input's strides
+allow one, else ``clone`` + ``_unsafe_view``. torch.export's training IR keeps ``reshape``
+whole, so its ``run_decompositions()`` decides again on the re-trace's layouts, which a
+decomposition can change (torch's ``_scaled_dot_product_flash_attention_for_cpu`` lays its
+output out as ``(L, N, H, E)``, the kernel like the query). The re-trace does the same:
+
+- ``_unsafe_view(clone(x), shape)`` with the clone used only there is ``reshape(x, shape)``,
+  re-run as such (a ``view`` when ``x`` now allows one);
+- a ``view`` that the input's new strides no longer allow is re-run as ``reshape`` (a copy).
+  Where it was the user's own ``.view`` torch's re-trace fails ("Cannot view a tensor", gpt2);
+  the values are the same either way, as the graph is functional.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from exportir.export.capture.fake import _no_modes, meta_of, shape_env_of
+from exportir.fx import GraphModule, Node
+
+aten = torch.ops.aten
+
+
+class Reshapes:
+    """The reshapes of one graph being re-traced (see module docstring)."""
+
+    __slots__ = ("_clones", "_sources")
+
+    def __init__(self, gm: GraphModule) -> None:
+        self._sources: dict[Node, Node] = {}  # _unsafe_view node -> reshape input node
+        for node in gm.graph.find_nodes(op="call_function", target=aten._unsafe_view.default):
+            clone = node.args[0]
+            if _is_reshape_clone(clone):
+                self._sources[node] = clone.args[0]
+        self._clones = frozenset(view.args[0] for view in self._sources)
+
+    def skips(self, node: Node) -> bool:
+        """``node`` is a reshape's clone: its reshape re-runs in its place."""
+        return node in self._clones
+
+    def rerun(self, node: Node, lookup: Callable[[Any], Any]) -> Any | None:
+        """The re-decided result of ``node`` (``lookup`` maps its arguments to their new
+        values), or None when ``node`` is not a reshape to re-decide."""
+        source = self._sources.get(node)
+        if source is not None:
+            return aten.reshape.default(lookup(source), lookup(node.args[1]))
+        if node.target is not aten.view.default:
+            return None
+        x, shape = lookup(node.args[0]), lookup(node.args[1])
+        return None if _view_fits(x, shape) else aten.reshape.default(x, shape)
+
+
+def _is_reshape_clone(node: Any) -> bool:
+    """``clone(x)`` to a contiguous layout, used by one node (as ``reshape`` makes it)."""
+    return (
+        isinstance(node, Node)
+        and node.target is aten.clone.default
+        and len(node.users) == 1
+        and isinstance(node.args[0], Node)
+        and node.kwargs.get("memory_format", torch.contiguous_format) == torch.contiguous_format
+    )
+
+
+def _view_fits(x: Any, shape: Any) -> bool:
+    """``x.view(shape)`` is possible on ``x``'s strides (decided on its meta twin, recording
+    nothing; a symbolic check's guards go to the program's ShapeEnv as the view's would)."""
+    if not isinstance(x, torch.Tensor):
+        return True
+    env = shape_env_of(x)
+    if env is not None:
+        env.listener_paused += 1
+    try:
+        with _no_modes():
+            meta_of(x).view(shape)
+        return True
+    except (RuntimeError, ValueError):
+        return False
+    finally:
+        if env is not None:
+            env.listener_paused -= 1

@@ -5,7 +5,9 @@
   torch.export on the same modules (capture/_device_layout.py).
 - ``run_decompositions()`` keeps torch's layout of flash attention's decomposition
   (``(L, N, H, E)``) and re-decides the reshapes after it as torch's re-trace does; a ``view``
-  that no longer fits becomes a copy where torch's fails (capture/_redecide.py).
+  that no longer fits becomes a copy where torch's fails (capture/_redecide.py);
+- an in-place op on a value a decomposition made a view is written back as torch's re-trace
+  writes it back.
 """
 
 from __future__ import annotations
@@ -115,3 +117,27 @@ def test_a_view_that_no_longer_fits_becomes_a_copy() -> None:
     clones = _op_counts(core.graph)["aten.clone.default"]
     assert clones == _op_counts(without.graph)["aten.clone.default"] + 1
     torch.testing.assert_close(core.module()(x), module(x))
+
+
+class _InPlaceAfterMatmul(torch.nn.Module):
+    """falcon's ``mlp_output += attention_output`` after its ``input @ weight.T``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(16, 16))
+
+    def forward(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        y = x @ self.weight.T
+        y += a
+        return y * 2
+
+
+def test_an_in_place_add_on_a_decomposed_matmul_writes_back_as_torchs() -> None:
+    """``matmul`` decomposes to ``view(mm)``: torch's re-trace functionalizes the ``add_`` on
+    that view (a write-back ``view`` and a regenerated one); exportir's re-runs it in place."""
+    module, x, a = _InPlaceAfterMatmul(), torch.randn(2, 5, 16), torch.randn(2, 5, 16)
+    core = _quiet(exportir.export(module, (x, a)).run_decompositions)
+    theirs = _quiet(torch.export.export(module, (x, a)).run_decompositions)
+    assert _op_counts(core.graph) == _op_counts(theirs.graph)
+    assert _op_counts(core.graph)["aten.view.default"] == 4
+    torch.testing.assert_close(core.module()(x, a), module(x, a))

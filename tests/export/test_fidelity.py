@@ -32,11 +32,6 @@ KEYS = F.keys()
 
 # -- known differences, asserted exactly ---------------------------------------------------------
 
-REFUNCTIONALIZED = (
-    "torch functionalizes its training IR only while decomposing: an in-place add on the output "
-    "of a linear that decomposes to view(mm) gets a write-back view and a regenerated view "
-    "(falcon's mlp_output += attention_output). exportir's graph is functional from capture on."
-)
 AUTOGRAD_NAME_GAPS = (
     "names only: capture runs below autograd, which saves the input of an in-place op whose "
     "backward needs it (silu_, sigmoid_ on a tensor requiring grad) with a clone that is then "
@@ -70,9 +65,7 @@ KEPT_DIFFERENCES: dict[str, tuple[dict[str, int], dict[str, int], str]] = {
     "real:swin": ({"aten.clone.default": 2}, {}, ATTENTION_GRAD_LAYOUT),
     "real:beit": ({"aten.clone.default": 2}, {}, ATTENTION_GRAD_LAYOUT),
 }
-CORE_DIFFERENCES: dict[str, tuple[dict[str, int], dict[str, int], str]] = {
-    "real:falcon": ({}, {"aten.view.default": 4}, REFUNCTIONALIZED),
-}
+CORE_DIFFERENCES: dict[str, tuple[dict[str, int], dict[str, int], str]] = {}
 # key -> (ours-only names, torch-only names, reason)
 NAME_DIFFERENCES: dict[str, tuple[set[str], set[str], str]] = {
     "real:t5_encoder": (_names("clone_10 clone_11"), set(), ATTENTION_GRAD_LAYOUT),

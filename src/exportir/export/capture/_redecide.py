@@ -11,6 +11,13 @@ output out as ``(L, N, H, E)``, the kernel like the query). The re-trace does th
 - a ``view`` that the input's new strides no longer allow is re-run as ``reshape`` (a copy).
   Where it was the user's own ``.view`` torch's re-trace fails ("Cannot view a tensor", gpt2);
   the values are the same either way, as the graph is functional.
+
+torch's training IR also keeps in-place ops, which its re-trace functionalizes: an ``add_`` on
+a value a decomposition made a view (falcon's ``mlp_output += attention_output``, where the
+``matmul`` before it becomes ``view(mm)``) writes back to the view's base and regenerates the
+view. A functional node that replaced such an in-place op (``functionalize.INPLACE_OF``) is
+re-run in place when its target is now a view, and the re-trace's functionalization does the
+same.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from typing import Any
 import torch
 
 from exportir.export.capture.fake import _no_modes, meta_of, shape_env_of
+from exportir.export.capture.functionalize import INPLACE_OF, is_view_op
 from exportir.fx import GraphModule, Node
 
 aten = torch.ops.aten
@@ -53,6 +61,18 @@ class Reshapes:
             return None
         x, shape = lookup(node.args[0]), lookup(node.args[1])
         return None if _view_fits(x, shape) else aten.reshape.default(x, shape)
+
+
+def in_place_variant(node: Node, target: Any, made_by: Node | None) -> Any | None:
+    """The in-place op to re-run ``node`` as (``target``: the new value it writes, made by
+    ``made_by``), or None: re-run it as it is."""
+    op = node.meta.get(INPLACE_OF)
+    if op is None or made_by is None or not isinstance(target, torch.Tensor):
+        return None
+    views = made_by.op == "call_function" and (
+        is_view_op(made_by.target) or made_by.target is aten._unsafe_view.default
+    )
+    return op if views else None
 
 
 def _is_reshape_clone(node: Any) -> bool:

@@ -141,3 +141,24 @@ def test_an_in_place_add_on_a_decomposed_matmul_writes_back_as_torchs() -> None:
     assert _op_counts(core.graph) == _op_counts(theirs.graph)
     assert _op_counts(core.graph)["aten.view.default"] == 4
     torch.testing.assert_close(core.module()(x, a), module(x, a))
+
+
+class _InPlaceOnAReshapedAttention(torch.nn.Module):
+    """A reshape that copies on the kernel's layout and views on the decomposition's, then
+    written in place while the attention output is still read."""
+
+    def forward(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        o = F.scaled_dot_product_attention(q, q, q)
+        n, h, length, e = o.shape
+        y = o.permute(2, 0, 1, 3).reshape(length * n, h * e)
+        y.add_(1)
+        return y * 2, o.sum()
+
+
+def test_an_in_place_op_never_writes_into_a_value_the_graph_still_reads() -> None:
+    """The re-decided reshape is a view of the attention output, which ``o.sum()`` reads: the
+    ``add_`` stays functional (torch's re-trace writes into it and its sum is off by the add)."""
+    module, q = _InPlaceOnAReshapedAttention(), torch.randn(2, 3, 4, 8).transpose(1, 2)
+    core = _quiet(exportir.export(module, (q,)).run_decompositions)
+    for got, want in zip(core.module()(q), module(q)):
+        torch.testing.assert_close(got, want)

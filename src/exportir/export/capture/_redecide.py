@@ -63,16 +63,35 @@ class Reshapes:
         return None if _view_fits(x, shape) else aten.reshape.default(x, shape)
 
 
-def in_place_variant(node: Node, target: Any, made_by: Node | None) -> Any | None:
-    """The in-place op to re-run ``node`` as (``target``: the new value it writes, made by
-    ``made_by``), or None: re-run it as it is."""
+def in_place_variant(
+    node: Node, made_by: Node | None, is_graph_value: Callable[[Any], bool]
+) -> Any | None:
+    """The in-place op to re-run ``node`` as, or None: re-run it as it is. ``made_by`` made
+    the new value ``node`` writes; ``is_graph_value(v)``: ``v`` is the new value of a node of
+    the graph being re-traced.
+
+    Only where the write goes to storage nothing else reads: every base up the view chain is
+    a decomposition's own intermediate (``mm`` under ``view(mm)``), never a value of the graph
+    (a ``reshape`` re-decided into a view of its input, which later nodes still read). torch's
+    re-trace writes into such an input too, and then computes wrong values."""
     op = node.meta.get(INPLACE_OF)
-    if op is None or made_by is None or not isinstance(target, torch.Tensor):
+    if op is None or made_by is None or not _is_view_node(made_by):
         return None
-    views = made_by.op == "call_function" and (
-        is_view_op(made_by.target) or made_by.target is aten._unsafe_view.default
+    step = made_by
+    while _is_view_node(step):
+        base = step.args[0]
+        if not isinstance(base, Node) or is_graph_value(base.meta.get("val")):
+            return None
+        step = base
+    return op
+
+
+def _is_view_node(node: Any) -> bool:
+    return (
+        isinstance(node, Node)
+        and node.op == "call_function"
+        and (is_view_op(node.target) or node.target is aten._unsafe_view.default)
     )
-    return op if views else None
 
 
 def _is_reshape_clone(node: Any) -> bool:

@@ -170,7 +170,7 @@ def _rerun(node: Node, env: dict[Node, Any], rec: Recorder | None = None) -> Any
     if rec is not None and args and isinstance(args[0], torch.Tensor):
         hit = rec.nodes.get(id(args[0]))
         made_by = hit[1] if hit is not None and hit[0] is args[0] else None
-        in_place = in_place_variant(node, args[0], made_by)
+        in_place = in_place_variant(node, made_by, lambda v: any(v is e for e in env.values()))
         if in_place is not None:
             return in_place(*args, **kwargs)
     return node.target(*args, **kwargs)

@@ -32,26 +32,6 @@ KEYS = F.keys()
 
 # -- known differences, asserted exactly ---------------------------------------------------------
 
-SDPA_LAYOUT = (
-    "torch's decomposition of _scaled_dot_product_flash_attention_for_cpu lays its output out "
-    "as (L, N, H, E) whatever the query's layout, unlike the kernel (see "
-    "export/_decompositions.py; on gpt2 it makes torch's own run_decompositions() fail). torch "
-    "re-decides the reshape / contiguous calls after attention against that layout, so the "
-    "projection after attention sees a non-contiguous input and becomes expand + view + bmm "
-    "(+ add for its bias) where exportir, keeping the kernel's layout, has mm / addmm; the "
-    "clones after attention move the same way."
-)
-REFUNCTIONALIZED = (
-    "torch functionalizes its training IR only while decomposing: an in-place add on the output "
-    "of a linear that decomposes to view(mm) gets a write-back view and a regenerated view "
-    "(falcon's mlp_output += attention_output). exportir's graph is functional from capture on."
-)
-CONV_LAYOUT = (
-    "a 1x1-spatial convolution output of a channels-last input: torch's fake convolution lays "
-    "it out channels-last (its CPU backend's choice), exportir's meta kernel contiguously "
-    "(export/fake.py), so only torch's adaptive_avg_pool2d decomposition restrides the mean "
-    "with as_strided."
-)
 AUTOGRAD_NAME_GAPS = (
     "names only: capture runs below autograd, which saves the input of an in-place op whose "
     "backward needs it (silu_, sigmoid_ on a tensor requiring grad) with a clone that is then "
@@ -74,22 +54,6 @@ DEAD_NODE_NAME_GAPS = (
 )
 
 
-def _projection_after_attention(
-    n: int, *, bias: bool = False, ours_clones: int = 0, torch_clones: int = 0
-) -> tuple[dict[str, int], dict[str, int], str]:
-    """SDPA_LAYOUT's usual form: ``n`` projections after attention are mm (addmm with a bias)
-    in exportir's core graph, expand + view + bmm (+ add) in torch's."""
-    ours = {"aten.addmm.default" if bias else "aten.mm.default": n}
-    theirs = {"aten.bmm.default": n, "aten.expand.default": 2 * n, "aten.view.default": n}
-    if bias:
-        theirs["aten.add.Tensor"] = n
-    if ours_clones:
-        ours["aten.clone.default"] = ours_clones
-    if torch_clones:
-        theirs["aten.clone.default"] = torch_clones
-    return ours, theirs, SDPA_LAYOUT
-
-
 def _names(text: str) -> set[str]:
     return set(text.split())
 
@@ -101,47 +65,7 @@ KEPT_DIFFERENCES: dict[str, tuple[dict[str, int], dict[str, int], str]] = {
     "real:swin": ({"aten.clone.default": 2}, {}, ATTENTION_GRAD_LAYOUT),
     "real:beit": ({"aten.clone.default": 2}, {}, ATTENTION_GRAD_LAYOUT),
 }
-CORE_DIFFERENCES: dict[str, tuple[dict[str, int], dict[str, int], str]] = {
-    "real:llama": _projection_after_attention(2),
-    "real:mistral": _projection_after_attention(2),
-    "real:qwen2": _projection_after_attention(2),
-    "real:qwen3": _projection_after_attention(2),
-    "real:gemma": _projection_after_attention(2),
-    "real:gemma3_text": _projection_after_attention(2),
-    "real:opt": _projection_after_attention(2, bias=True),
-    "real:falcon": ({}, {"aten.view.default": 4}, REFUNCTIONALIZED),
-    "real:starcoder2": _projection_after_attention(2, bias=True),
-    "real:olmo2": _projection_after_attention(2),
-    "real:granite": _projection_after_attention(2),
-    "real:mixtral": _projection_after_attention(2),
-    "real:qwen2_moe": _projection_after_attention(2),
-    "real:bert": _projection_after_attention(2, bias=True),
-    "real:distilbert": _projection_after_attention(2, bias=True),
-    "real:albert": _projection_after_attention(2, bias=True),
-    "real:roberta": _projection_after_attention(2, bias=True),
-    "real:electra": _projection_after_attention(2, bias=True),
-    "real:xlm_roberta": _projection_after_attention(2, bias=True),
-    "real:modernbert": _projection_after_attention(2),
-    "real:mobilebert": _projection_after_attention(2, bias=True),
-    "real:bert_classifier": _projection_after_attention(2, bias=True),
-    "real:t5": _projection_after_attention(2),
-    "real:bart": _projection_after_attention(6, bias=True),
-    "real:marian": _projection_after_attention(6, bias=True),
-    "real:pegasus": _projection_after_attention(6, bias=True),
-    "real:wav2vec2": _projection_after_attention(2, bias=True),
-    "real:hubert": _projection_after_attention(2, bias=True),
-    "real:audio_spectrogram_transformer": _projection_after_attention(2, bias=True),
-    "real:vit": _projection_after_attention(2, bias=True),
-    "real:deit": _projection_after_attention(2, bias=True),
-    "real:dinov2": _projection_after_attention(2, bias=True),
-    "real:clip_vision": _projection_after_attention(2, bias=True),
-    "real:siglip_vision": _projection_after_attention(2, bias=True),
-    "real:timm_convnext_atto": ({}, {"aten.as_strided.default": 1}, CONV_LAYOUT),
-    "real:timm_vit_tiny": _projection_after_attention(2, bias=True),
-    "real:timm_deit_tiny": _projection_after_attention(2, bias=True),
-    "real:timm_mobilevit": _projection_after_attention(6, bias=True, ours_clones=3),
-    "real:timm_coat": ({"aten.clone.default": 9}, {}, SDPA_LAYOUT),
-}
+CORE_DIFFERENCES: dict[str, tuple[dict[str, int], dict[str, int], str]] = {}
 # key -> (ours-only names, torch-only names, reason)
 NAME_DIFFERENCES: dict[str, tuple[set[str], set[str], str]] = {
     "real:t5_encoder": (_names("clone_10 clone_11"), set(), ATTENTION_GRAD_LAYOUT),

@@ -262,8 +262,16 @@ def _plan(
 
 # Composite kernels that branch on the device (or on requires_grad): their value comes from
 # the kernel run on the fakes themselves, which report the real device. The others run on the
-# fakes' meta twins in one call (a meta tensor never requires grad).
-DEVICE_DEPENDENT: frozenset[Any] = frozenset({aten.scaled_dot_product_attention.default})
+# fakes' meta twins in one call (a meta tensor never requires grad). The convolutions reach
+# ``aten.convolution``, whose output layout is the device backend's (_device_layout.py).
+DEVICE_DEPENDENT: frozenset[Any] = frozenset(
+    {
+        aten.scaled_dot_product_attention.default,
+        aten.conv1d.default, aten.conv1d.padding, aten.conv2d.default, aten.conv2d.padding,
+        aten.conv3d.default, aten.conv3d.padding, aten.conv_transpose1d.default,
+        aten.conv_transpose2d.input, aten.conv_transpose3d.input, aten._convolution_mode.default,
+    }
+)  # fmt: skip
 
 
 def composite_value(func: Any, args: tuple, kwargs: dict, converter: FakeConverter) -> Any:

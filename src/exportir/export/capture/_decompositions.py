@@ -1,9 +1,13 @@
 """Decompositions that replace torch's entry for the same op in the core ATen table.
 
-A decomposition must return what the op's kernel returns, strides included: the graph after
-the op was captured with the kernel's (meta) result, and a ``view`` recorded then must stay
-valid when the decomposition's result takes its place. Each entry here fixes one where
-torch 2.13's does not, and says how.
+Each entry here fixes one where torch 2.13's cannot be recorded in a functional graph, and
+says how; the result is the ops torch.export's core graph has.
+
+A decomposition whose result is laid out unlike the kernel's (torch's
+``_scaled_dot_product_flash_attention_for_cpu``: ``(L, N, H, E)`` whatever the query's
+layout) is kept as torch's: the re-trace re-decides the reshapes after it against the new
+layout, as torch's does, and turns a ``view`` that no longer fits into a copy
+(capture/_redecide.py).
 """
 
 from __future__ import annotations
@@ -12,58 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._prims_common import (
-    compute_elementwise_output_logical_to_physical_perm,
-    suggest_memory_format,
-)
+from torch._prims_common import suggest_memory_format
 
 aten = torch.ops.aten
-
-
-def sdpa_flash_attention_for_cpu(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    *,
-    attn_mask: torch.Tensor | None = None,
-    scale: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``aten._scaled_dot_product_flash_attention_for_cpu`` through the math attention.
-
-    The kernel (and its meta function) allocates the output with ``empty_like(query)``: the
-    output is laid out like the query. torch's decomposition always lays it out as
-    ``(L, N, H, E)`` (``permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)``), right only for
-    a query in that layout, so ``sdpa(q, k, v).view(-1, E)`` of a contiguous query -- captured
-    as a ``view`` -- cannot be replayed on it. Here the same three ops use the query's own
-    dimension order. Like torch's, the second result is the attention weights, not the
-    kernel's log-sum-exp (nothing in a captured ``scaled_dot_product_attention`` reads it).
-    """
-    torch._check(
-        torch.is_floating_point(query),
-        lambda: f"query must be FP32, FP64, BF16, FP16 but got {query.dtype}",
-    )
-    torch._check(
-        query.dim() == 4 and key.dim() == 4 and value.dim() == 4,
-        lambda: "q, k, v must be a 4 dimensional tensor, got "
-        f"{query.dim()}, {key.dim()}, {value.dim()}",
-    )
-    torch._check(dropout_p == 0.0, lambda: f"dropout probability must be zero, got {dropout_p}")
-    torch._check(
-        query.shape[3] == value.shape[3] and key.shape[3] == value.shape[3],
-        lambda: "q, k, v should have the same head size",
-    )
-    output, attn = aten._scaled_dot_product_attention_math.default(
-        query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-        dropout_mask=None, scale=scale, enable_gqa=query.size(1) != key.size(1),
-    )  # fmt: skip
-    # outermost dimension first, as empty_like(query) orders them (no guard on an ambiguity)
-    order, _ = compute_elementwise_output_logical_to_physical_perm(query)
-    inverse = [order.index(d) for d in range(len(order))]
-    output = aten.permute.default(output, order)
-    output = aten.clone.default(output, memory_format=torch.contiguous_format)
-    return aten.permute.default(output, inverse), attn
 
 
 def adaptive_avg_pool2d(x: torch.Tensor, output_size: list[int]) -> torch.Tensor:
@@ -84,6 +39,5 @@ def adaptive_avg_pool2d(x: torch.Tensor, output_size: list[int]) -> torch.Tensor
 
 
 OVERRIDES: dict[Any, Callable[..., Any]] = {
-    aten._scaled_dot_product_flash_attention_for_cpu.default: sdpa_flash_attention_for_cpu,
     aten.adaptive_avg_pool2d.default: adaptive_avg_pool2d,
 }

@@ -17,6 +17,7 @@ from torch._ops import HigherOrderOperator
 from exportir import pytree
 from exportir.export.capture._finalize import finalize_retrace
 from exportir.export.capture._outputs import _output_value
+from exportir.export.capture._redecide import Reshapes, in_place_variant
 from exportir.export.capture._runtime_asserts import insert_runtime_asserts
 from exportir.export.capture._view_replay import ViewReplay, mutation_roots
 from exportir.export.capture.extension import NO_EXTENSION, CaptureExtension
@@ -100,6 +101,7 @@ def _retrace_once(
         env[ph] = fake
     output = None
     replay = ViewReplay(mutation_roots(gm, mutation_outputs))
+    reshapes = Reshapes(gm)
 
     def rerun_view(view: Node) -> None:
         env[view] = _rerun(view, env)
@@ -114,9 +116,12 @@ def _retrace_once(
         with torch.no_grad(), TraceSettings(rec.whole), CaptureMode(rec), ext_mode:
             for node in gm.graph.nodes:
                 if node.op == "call_function":
+                    if reshapes.skips(node):
+                        continue
                     rec.origin = node
                     replay.before(node, rerun_view)
-                    env[node] = _rerun(node, env)
+                    out = reshapes.rerun(node, lambda a: _lookup(a, env))
+                    env[node] = _rerun(node, env, rec) if out is None else out
                     replay.after(node)
                 elif node.op == "get_attr":  # a cond/map/while_loop body
                     env[node] = getattr(gm, node.target)
@@ -159,7 +164,13 @@ def _lookup(a: Any, env: dict[Node, Any]) -> Any:
     return a
 
 
-def _rerun(node: Node, env: dict[Node, Any]) -> Any:
+def _rerun(node: Node, env: dict[Node, Any], rec: Recorder | None = None) -> Any:
     args = _lookup(node.args, env)
     kwargs = _lookup(dict(node.kwargs), env)
+    if rec is not None and args and isinstance(args[0], torch.Tensor):
+        hit = rec.nodes.get(id(args[0]))
+        made_by = hit[1] if hit is not None and hit[0] is args[0] else None
+        in_place = in_place_variant(node, made_by, lambda v: any(v is e for e in env.values()))
+        if in_place is not None:
+            return in_place(*args, **kwargs)
     return node.target(*args, **kwargs)

@@ -31,6 +31,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves as pytree_leaves
 
+from exportir.export.capture._device_layout import relayout
 from exportir.export.capture._meta_memo import (
     STATIC_MEMO,
     memo_key,
@@ -260,12 +261,14 @@ def run_fake(func: Any, args: tuple, kwargs: dict, converter: FakeConverter) -> 
     out_device = _result_device(func, kwargs, unwrapped.device)
     try:
         if env is None:
-            return _wrap(_call_meta_static(func, unwrapped), unwrapped.fakes, out_device)
+            meta_out = _relayout(func, unwrapped, _call_meta_static(func, unwrapped), out_device)
+            return _wrap(meta_out, unwrapped.fakes, out_device)
         # sizes computed inside kernels (and by the wrapper's numel / contiguity) are not user
         # arithmetic: the recorder does not hear of them
         env.listener_paused += 1
         try:
             meta_out = _call_meta_symbolic(func, unwrapped, env)
+            meta_out = _relayout(func, unwrapped, meta_out, out_device)
             return _wrap(meta_out, unwrapped.fakes, out_device)
         finally:
             env.listener_paused -= 1
@@ -275,6 +278,12 @@ def run_fake(func: Any, args: tuple, kwargs: dict, converter: FakeConverter) -> 
         if meta_out is None:
             raise
         return _wrap(meta_out, unwrapped.fakes, out_device)
+
+
+def _relayout(func: Any, u: _Unwrapped, meta_out: Any, device: torch.device) -> Any:
+    """The meta result laid out as the device's kernel lays it out (_device_layout.py)."""
+    with _no_modes():
+        return relayout(func, u.args, u.kwargs, meta_out, device, lambda m: FakeTensor(m, device))
 
 
 def _shape_env_of(u: _Unwrapped) -> ShapeEnv | None:

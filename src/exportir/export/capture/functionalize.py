@@ -42,6 +42,8 @@ aten = torch.ops.aten
 
 _META_KEYS = ("stack_trace", "nn_module_stack", "source_fn_stack")
 _COMPUTE = object()  # emit(): compute the node's ``val`` on fakes
+# meta key of a functional node that replaced an in-place op on a whole computed value: the op
+INPLACE_OF = "inplace_of"
 
 
 class FunctionalizationError(RuntimeError):
@@ -564,6 +566,8 @@ class Functionalizer:
         new = self.emit(
             rewrite.target, self.map_arg(rewrite.args), self.map_arg_dict(rewrite.kwargs)
         )
+        if self._writes_a_fresh_value(n, rewrite):
+            new.meta[INPLACE_OF] = n.target
         items = self._items(n, new)
         # ``rrelu_with_noise`` returns one tensor; its functional variant returns it first,
         # then the new values of the written arguments: the result is item 0
@@ -573,6 +577,15 @@ class Functionalizer:
             self.write(written, new if index is None else items[index])
         if rewrite.result_alias is not None:
             self.same[n] = rewrite.result_alias
+
+    def _writes_a_fresh_value(self, n: Node, rewrite: Rewrite) -> bool:
+        """``n`` is an in-place op (``add_``) on a whole value the graph computed (no view, no
+        input): the re-trace re-runs it in place when a decomposition made that value a view
+        (capture/_redecide.py)."""
+        if rewrite.result_alias is None or not n.target._schema.name.endswith("_"):
+            return False
+        alias = self.alias.get(self.resolve(rewrite.result_alias))
+        return alias is not None and not alias.chain and alias.owner.op == "call_function"
 
     def _items(self, n: Node, new: Node) -> list[Node | None]:
         """getitem nodes for every tensor output of a multi-output call, in index order (as

@@ -445,12 +445,14 @@ class TraceSettings:
     """Process-wide torch settings capture runs under, restored on exit.
 
     The Python dispatcher makes torch's Python CompositeImplicitAutograd kernels (the ones in
-    ``torch._decomp``, e.g. for ``lstm``) run instead of the C++ ones, and oneDNN (mkldnn) is
-    off so CPU RNNs decompose into ordinary ATen ops rather than ``mkldnn_rnn_layer``: the
-    recorded ops are then the ones torch.export's decomposition produces.
+    ``torch._decomp``, e.g. for ``lstm``) run instead of the C++ ones, and oneDNN (mkldnn) and
+    NNPACK are off, as torch.export turns them off: CPU RNNs decompose into ordinary ATen ops
+    rather than ``mkldnn_rnn_layer``, and a convolution's output layout is the one the
+    remaining CPU backends choose (capture/_device_layout.py): the recorded ops are then the
+    ones torch.export's decomposition produces.
     """
 
-    __slots__ = ("_composite", "_dispatcher", "_mkldnn", "_whole")
+    __slots__ = ("_composite", "_dispatcher", "_mkldnn", "_nnpack", "_whole")
 
     def __init__(self, whole: frozenset[Any] = frozenset()) -> None:
         self._whole = whole  # composite ops that reach the recorder whole (_composite.py)
@@ -460,6 +462,8 @@ class TraceSettings:
         self._dispatcher.__enter__()
         self._mkldnn = torch._C._get_mkldnn_enabled()
         torch._C._set_mkldnn_enabled(False)
+        self._nnpack = torch._C._get_nnpack_enabled()
+        torch._C._set_nnpack_enabled(False)
         self._composite = CompositeOverrides(self._whole).__enter__()
         return self
 
@@ -467,6 +471,7 @@ class TraceSettings:
         try:
             self._composite.__exit__(*exc)
             torch._C._set_mkldnn_enabled(self._mkldnn)
+            torch._C._set_nnpack_enabled(self._nnpack)
         finally:
             self._dispatcher.__exit__(*exc)
 

@@ -8,6 +8,7 @@ xdist worker (``xdist_group`` marks), so nothing is built twice.
 from __future__ import annotations
 
 import atexit
+import copy
 import functools
 import shutil
 import tempfile
@@ -45,7 +46,21 @@ def assert_same(actual: Any, expected: Any, what: str) -> None:
 
 @functools.cache
 def case(name: str) -> R.RealCase:
-    return R.build(name)
+    c = R.build(name)
+    _PRISTINE[name] = copy.deepcopy(c.model)
+    return c
+
+
+# each model as built, before any call: a model may cache in eval mode (timm's LeViT keeps its
+# attention biases after the first forward), and an export after an eager run would capture the
+# cache, which the oracle's fresh torch.export never sees
+_PRISTINE: dict[str, Any] = {}
+
+
+def pristine(name: str) -> Any:
+    """A copy of ``case(name).model`` as built (never run)."""
+    case(name)
+    return copy.deepcopy(_PRISTINE[name])
 
 
 def eager(name: str, kwargs: dict[str, Any] | None = None) -> Any:
@@ -66,7 +81,7 @@ def exported(name: str) -> Any:
     c = case(name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return exportir.export(c.model, (), c.kwargs)
+        return exportir.export(pristine(name), (), c.kwargs)
 
 
 @functools.cache
@@ -84,7 +99,7 @@ def exported_dynamic(name: str) -> Any:
     c = case(name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return exportir.export(c.model, (), c.kwargs, dynamic_shapes=c.dynamic_shapes())
+        return exportir.export(pristine(name), (), c.kwargs, dynamic_shapes=c.dynamic_shapes())
 
 
 def program_file(name: str, road: str) -> Path:

@@ -6,6 +6,7 @@ eager, over several calls when the method keeps state, and in exportir's runtime
 from __future__ import annotations
 
 import torch
+from corpus.export_models import BufferInplace
 from pte_helpers import our_pte, run_in_executorch, run_in_exportir
 
 from exportir.export import export
@@ -62,26 +63,14 @@ def test_zero_dim_constants_become_scalar_overloads():
     _same_as_eager(data, lambda: Arith().eval(), args)
 
 
-class Counter(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.register_buffer("total", torch.zeros(4))
-        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
-
-    def forward(self, x):
-        self.total.add_(x.sum(dim=0))
-        self.steps += 1
-        return self.total / self.steps
-
-
 def test_state_is_written_in_place_and_int_state_cast_before_dividing():
     """No copy_ writes the buffers back (the adds write them), and the int64 step count is cast
     to float once before the division (the portable kernel's one-dtype path)."""
     args = (torch.randn(3, 4),)
-    data = _pte(Counter().eval(), args)
+    data = _pte(BufferInplace().eval(), args)
     calls = _calls(data)
     assert "MoveCall" not in calls and "aten::_to_copy.out" in calls
-    _same_as_eager(data, lambda: Counter().eval(), args, calls=3)
+    _same_as_eager(data, lambda: BufferInplace().eval(), args, calls=3)
     corpus = our_pte("buffer_inplace")
     run_in_executorch(corpus, "buffer_inplace", calls=3)
     run_in_exportir(corpus, "buffer_inplace", calls=3)

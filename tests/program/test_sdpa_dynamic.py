@@ -6,9 +6,12 @@ compared with eager.
   of the decomposed attention once did: every later result was planned at the example size).
 - A dynamic dimension next to a size-1 one (batch 1, dynamic sequence) stays dynamic, with
   torch's range constraints.
-- The decomposition of ``_scaled_dot_product_flash_attention_for_cpu`` returns the kernel's
-  layout (the query's), so a ``view`` of the attention captured at export (``linear`` of it
-  becomes ``view`` + ``addmm``) still applies after decomposition.
+- A ``view`` of the attention captured at export (``linear`` of it becomes ``view`` +
+  ``addmm``) still applies after decomposition: ``run_decompositions`` (``to_edge``) takes
+  torch's ``(L, N, H, E)`` decomposition and re-decides the views after it in its re-trace; a
+  node-level decomposition (``to_edge_transform_and_lower`` on attention no partitioner
+  claimed) re-traces nothing after the node and uses the one that returns the kernel's layout
+  (the query's).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import torch.nn.functional as F
 import exportir
 from exportir import pytree
 from exportir.dialects.backend import Partitioner, PartitionResult
-from exportir.export import Dim, default_decompositions, export
+from exportir.export import Dim, export
+from exportir.export.capture._decompositions import KERNEL_LAYOUT
 from exportir.program.manager import to_edge
 from exportir.runtime import Program
 
@@ -212,7 +216,7 @@ QUERY_LAYOUTS = {
 def test_decomposition_returns_the_kernels_strides(layout):
     q = QUERY_LAYOUTS[layout]()
     k, v = torch.randn(3, 2, 4, 8), torch.randn(3, 2, 4, 8)
-    decompose = default_decompositions()[SDPA]
+    decompose = KERNEL_LAYOUT[SDPA]  # what a node-level decomposition (no re-trace after) uses
     out, _ = decompose(q, k, v)
     meta, _ = SDPA(q.to("meta"), k.to("meta"), v.to("meta"))  # what export captured
     assert out.stride() == meta.stride()

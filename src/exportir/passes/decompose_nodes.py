@@ -122,9 +122,13 @@ def _one_node_graph(node: Node, inputs: list[Node]) -> GraphModule:
 def _decomposed(
     node: Node, inputs: list[Node], table: dict[Any, Callable[..., Any]], edge: bool
 ) -> GraphModule:
+    from exportir.export.capture._decompositions import KERNEL_LAYOUT
     from exportir.export.capture._retrace import retrace  # capture builds on export, not on passes
     from exportir.export.control_flow.rules import CONTROL_FLOW
 
+    # nothing after the node is re-traced: its users' views were recorded against the kernel's
+    # result layout, which these keep (torch's SDPA decomposition lays its result out otherwise)
+    table = {**table, **{op: fn for op, fn in KERNEL_LAYOUT.items() if op in table}}
     one = _one_node_graph(node, inputs)
     fakes = [inp.meta.get("val") for inp in inputs]
     sub = retrace(one, fakes, decomposition_table=table, extension=CONTROL_FLOW)

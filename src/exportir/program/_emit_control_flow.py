@@ -205,13 +205,7 @@ def emit_while(em: MethodEmitter, node: Node) -> None:
 def emit_cond(em: MethodEmitter, node: Node) -> None:
     """``cond(pred, true_graph, false_graph, operands)`` (module docstring)."""
     pred, true_attr, false_attr, operands = node.args
-    val = node.meta.get("val")
-    if isinstance(val, (list, tuple)):
-        outs = tuple(em.new_tensor(v, f"{node.name}_{i}") for i, v in enumerate(val))
-        em.node_items[node] = outs
-    else:
-        outs = (em.new_tensor(val, node.name),)
-        em.node_value[node] = outs[0]
+    outs = em.result_tensors(node, "{name}_{i}")
     if isinstance(pred, Node):
         pred_ref = em.node_ref(pred)
     else:  # a Python bool predicate (the operator called directly)

@@ -554,16 +554,22 @@ class MethodEmitter:
                                        (schema.Tensor, _PendingTensor))
                 )
                 inputs.append(self.tensor_arg(item, None) if is_tensor else self.scalar_arg(item))
-        val = node.meta.get("val")
-        if isinstance(val, (list, tuple)):
-            outs = tuple(self.new_tensor(v, f"{node.name}[{i}]") for i, v in enumerate(val))
-            self.node_items[node] = outs
-        else:
-            outs = (self.new_tensor(val, node.name),)
-            self.node_value[node] = outs[0]
+        outs = self.result_tensors(node, "{name}[{i}]")
         self.emit_instruction(
             lambda d: schema.DelegateCall(index, tuple(inputs), outs, d), node
         )
+
+    def result_tensors(self, node: Node, item_name: str) -> tuple[int, ...]:
+        """New tensor values for ``node``'s result (one, or one per item of a tuple result,
+        named by ``item_name.format(name=..., i=...)``), recorded as the node's values."""
+        val = node.meta.get("val")
+        if isinstance(val, (list, tuple)):
+            outs = tuple(self.new_tensor(v, item_name.format(name=node.name, i=i))
+                         for i, v in enumerate(val))
+            self.node_items[node] = outs
+            return outs
+        self.node_value[node] = self.new_tensor(val, node.name)
+        return (self.node_value[node],)
 
     def emit_getitem(self, node: Node) -> None:
         src, idx = node.args

@@ -47,9 +47,8 @@ class DynamicInt8Error(ValueError):
     """Arguments ``linear_dynamic_int8`` refuses (fbgemm would read out of bounds)."""
 
 
-def _require(ok: bool, what: str) -> None:
-    if not ok:
-        raise DynamicInt8Error(f"linear_dynamic_int8: {what}")
+def _fail(what: str) -> None:
+    raise DynamicInt8Error(f"linear_dynamic_int8: {what}")
 
 
 def fbgemm_available() -> bool:
@@ -98,21 +97,26 @@ def activation_qparams(x: torch.Tensor, eps: float) -> tuple[float, int]:
 
 
 def _check(x: Any, n: int, k: int, w_scales: Any, bias: Any, eps: Any, post_op: Any) -> None:
-    _require(isinstance(x, torch.Tensor) and x.dtype == torch.float32 and x.dim() >= 1
-             and x.shape[-1] == k, f"the input must be float32 [..., {k}]")
-    _require(isinstance(w_scales, torch.Tensor) and w_scales.dtype == torch.float32
-             and w_scales.dim() == 1 and w_scales.numel() == n,
-             f"w_scales must be float32 with {n} elements")
-    _require(bias is None or (isinstance(bias, torch.Tensor) and bias.dtype == torch.float32
-                              and bias.dim() == 1 and bias.numel() == n),
-             f"the bias must be float32 with {n} elements")
-    _require(isinstance(eps, float) and eps > 0, "eps must be a positive float")
-    _require(post_op in _POST_OPS, f"post_op must be one of {list(_POST_OPS)}; got {post_op!r}")
+    # every call runs these: messages are formatted only on failure
+    if not (isinstance(x, torch.Tensor) and x.dtype == torch.float32 and x.dim() >= 1
+            and x.shape[-1] == k):
+        _fail(f"the input must be float32 [..., {k}]")
+    if not (isinstance(w_scales, torch.Tensor) and w_scales.dtype == torch.float32
+            and w_scales.dim() == 1 and w_scales.numel() == n):
+        _fail(f"w_scales must be float32 with {n} elements")
+    if not (bias is None or (isinstance(bias, torch.Tensor) and bias.dtype == torch.float32
+                             and bias.dim() == 1 and bias.numel() == n)):
+        _fail(f"the bias must be float32 with {n} elements")
+    if not (isinstance(eps, float) and eps > 0):
+        _fail("eps must be a positive float")
+    if post_op not in _POST_OPS:
+        _fail(f"post_op must be one of {list(_POST_OPS)}; got {post_op!r}")
 
 
 def _check_weight(w: Any) -> None:
-    _require(isinstance(w, torch.Tensor) and w.dtype == torch.int8 and w.dim() == 2
-             and w.numel() > 0, "the weight must be a non-empty 2-D int8 tensor [N, K]")
+    if not (isinstance(w, torch.Tensor) and w.dtype == torch.int8 and w.dim() == 2
+            and w.numel() > 0):
+        _fail("the weight must be a non-empty 2-D int8 tensor [N, K]")
 
 
 def pack(w: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor | None

@@ -144,18 +144,23 @@ _POST_OPS = frozenset({"none", "relu"})
 _OUT_DTYPES = (None, torch.float32, torch.bfloat16, torch.int8, torch.uint8)
 
 
+def _check_channel_params(kernel: str, n: int, w_scales: Any, w_zps: Any, bias: Any) -> None:
+    """The per-output-channel arguments of an int8 linear / convolution with ``n`` outputs."""
+    for name, t in (("w_scale", w_scales), ("w_zero_point", w_zps)):
+        _require(isinstance(t, torch.Tensor) and t.dim() == 1 and t.numel() == n,
+                 f"{kernel}: {name} must have {n} elements")
+    _require(bias is None or (isinstance(bias, torch.Tensor) and bias.numel() == n
+                              and bias.dtype == torch.float32),
+             f"{kernel}: the bias must be float32 with {n} elements")
+
+
 def _check_qlinear(qx: Any, w: torch.Tensor, w_scales: Any, w_zps: Any, bias: Any,
                    out_dtype: Any, post_op: Any, post_args: Any) -> None:
     k, n = (w.shape[0], w.shape[1]) if w.is_mkldnn else (w.shape[1], w.shape[0])
     _require(isinstance(qx, torch.Tensor) and qx.dtype in (torch.int8, torch.uint8)
              and qx.dim() >= 2 and qx.shape[-1] == k,
              f"qlinear_pointwise: the input must be int8 / uint8 [..., {k}]")
-    for name, t in (("w_scale", w_scales), ("w_zero_point", w_zps)):
-        _require(isinstance(t, torch.Tensor) and t.dim() == 1 and t.numel() == n,
-                 f"qlinear_pointwise: {name} must have {n} elements")
-    _require(bias is None or (isinstance(bias, torch.Tensor) and bias.numel() == n
-                              and bias.dtype == torch.float32),
-             f"qlinear_pointwise: the bias must be float32 with {n} elements")
+    _check_channel_params("qlinear_pointwise", n, w_scales, w_zps, bias)
     _require(out_dtype in _OUT_DTYPES and post_op in _POST_OPS and not post_args,
              f"qlinear_pointwise: output dtype {out_dtype} / post op {post_op!r} not supported")
 
@@ -235,12 +240,7 @@ def _check_qconv(qx: Any, w: Any, w_scales: Any, w_zps: Any, bias: Any, stride: 
         span = dilation[k] * (shape[2 + k] - 1) + 1
         _require(qx.shape[2 + k] + 2 * padding[k] >= span,
                  f"qconv_pointwise: the input {list(qx.shape)} is smaller than the kernel")
-    for name, t in (("w_scale", w_scales), ("w_zero_point", w_zps)):
-        _require(isinstance(t, torch.Tensor) and t.dim() == 1 and t.numel() == o,
-                 f"qconv_pointwise: {name} must have {o} elements")
-    _require(bias is None or (isinstance(bias, torch.Tensor) and bias.numel() == o
-                              and bias.dtype == torch.float32),
-             f"qconv_pointwise: the bias must be float32 with {o} elements")
+    _check_channel_params("qconv_pointwise", o, w_scales, w_zps, bias)
     clamp = post_op == "hardtanh" and isinstance(post_args, (list, tuple)) and len(
         post_args) == 2 and all(isinstance(v, (int, float)) for v in post_args)
     _require(out_dtype in _OUT_DTYPES and (clamp or (post_op in _POST_OPS and not post_args)),

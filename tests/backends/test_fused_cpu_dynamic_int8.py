@@ -110,3 +110,32 @@ def test_load_packs_constant_weights_once():
     run_time_bias = D.DYNAMIC_INT8_KERNELS[D.LINEAR_DYNAMIC_INT8][1](
         (object(), 1, 2, 4, EPS, "none"), slots.get)
     assert isinstance(run_time_bias[1], D.PackedDynamicLinear) and not run_time_bias[1].has_bias
+
+
+@pytest.mark.slow  # ~15 s: a transformers Llama quantized, lowered and run in a new process
+def test_8da8w_llama_runs_on_fbgemm_in_a_fresh_process(tmp_path):
+    """transformers' Llama (corpus tiny config) with 8da8w linears, on the fused road, run as
+    the first thing a process does (the kernel's lazy imports and fbgemm's packing at load
+    happen there, with no eager call before): every linear is the kernel, the logits match."""
+    from corpus import real_models as R
+    from fresh_process import Failure, Job, run_fresh
+
+    import exportir
+    from exportir.backends.fused_cpu import FusedCpuPartitioner
+    from exportir.quantization import int8_dynamic_activation_int8_weight, quantize_
+    from exportir.runtime.backends.fused_cpu.format import decode_blob
+
+    case = R.build("llama")
+    model = quantize_(case.model.eval(), int8_dynamic_activation_int8_weight())
+    ep = exportir.export(model, (), case.kwargs)
+    lowered = exportir.to_edge_transform_and_lower(ep, partitioner=[FusedCpuPartitioner()])
+    ops = [row.name for _, m in lowered.exported_program().graph_module.named_children()
+           if hasattr(m, "processed_bytes") for row in decode_blob(m.processed_bytes).ops]
+    assert ops.count(D.LINEAR_DYNAMIC_INT8) == 15, ops  # 2 layers x 7 linears + lm_head
+    path = tmp_path / "llama_8da8w.xpt"
+    lowered.to_program().save(path)
+    (got,) = run_fresh([Job(path, kwargs=case.kwargs)], tmp_path)
+    assert not isinstance(got, Failure), got.error
+    with torch.no_grad():
+        want = model(**case.kwargs).logits
+    torch.testing.assert_close(got[0], want, rtol=1e-4, atol=1e-4)

@@ -99,8 +99,10 @@ def pytest_unconfigure(config):
     tempfile.tempdir = None
     os.environ["TMPDIR"] = outer
     os.environ.pop(_SCRATCH_ENV, None)
-    # pytest's own tmp_path roots and torch's compile cache are expected here
-    left = sorted(p for p in os.listdir(root) if not p.startswith(("pytest-of-", "torchinductor_")))
+    # pytest's own tmp_path roots, torch's compile cache and the real-model harness's programs
+    # (removed when its process exits, which for an xdist worker may be after this) are expected
+    expected = ("pytest-of-", "torchinductor_", "exportir-real-")
+    left = sorted(p for p in os.listdir(root) if not p.startswith(expected))
     for name in left:
         if name.startswith("exportir-fuzz-"):
             kept = shutil.move(os.path.join(root, name), outer)

@@ -32,12 +32,6 @@ KEYS = F.keys()
 
 # -- known differences, asserted exactly ---------------------------------------------------------
 
-AUTOGRAD_NAME_GAPS = (
-    "names only: capture runs below autograd, which saves the input of an in-place op whose "
-    "backward needs it (silu_, sigmoid_ on a tensor requiring grad) with a clone that is then "
-    "dead code; the dead clones use up name counters torch.export, tracing above autograd, "
-    "never sees."
-)
 ATTENTION_GRAD_LAYOUT = (
     "an attention mask computed from parameters requires grad in forward, and "
     "scaled_dot_product_attention then takes its math path (contiguous result), so the reshape "
@@ -73,10 +67,10 @@ NAME_DIFFERENCES: dict[str, tuple[set[str], set[str], str]] = {
     "real:swin": (_names("clone_6 clone_12 clone_13"), _names("clone_7"), ATTENTION_GRAD_LAYOUT),
     "real:mixtral": (
         _names(
-            "clone_4 view_7 view_19 "
+            "view_7 view_19 "
         ),
         _names(
-            "clone_2 view_22 view_23 "
+            "view_22 view_23 "
         ),
         DEAD_NODE_NAME_GAPS,
     ),
@@ -105,44 +99,6 @@ NAME_DIFFERENCES: dict[str, tuple[set[str], set[str], str]] = {
             "alias_49 alias_54 alias_59 view_1 "
         ),
         DEAD_NODE_NAME_GAPS,
-    ),
-    "real:timm_rexnet": (_names("clone_17"), _names("clone"), AUTOGRAD_NAME_GAPS),
-    "real:timm_mobilevit": (
-        _names(
-            "clone_38 clone_39 clone_40 clone_41 clone_42 clone_48 clone_49 clone_50 clone_51 "
-            "clone_52 clone_53 clone_54 clone_55 clone_56 clone_57 clone_58 clone_62 "
-        ),
-        _names(
-            "clone clone_1 clone_2 clone_3 clone_4 clone_5 clone_6 clone_7 clone_8 clone_9 "
-            "clone_10 "
-            "clone_11 clone_22 clone_23 clone_24 clone_25 clone_26 "
-        ),
-        AUTOGRAD_NAME_GAPS,
-    ),
-    "real:timm_efficientvit": (
-        _names(
-            "clone_48 clone_50 clone_51 clone_52 clone_53 clone_54 clone_56 clone_58 clone_59 "
-            "clone_60 clone_61 clone_62 clone_64 clone_66 clone_67 clone_70 "
-        ),
-        _names(
-            "clone_1 clone_3 clone_6 clone_8 clone_11 clone_13 clone_16 clone_18 clone_21 clone_23 "
-            "clone_26 clone_28 clone_34 clone_36 clone_42 clone_44 "
-        ),
-        AUTOGRAD_NAME_GAPS,
-    ),
-    "real:timm_coat": (
-        _names(
-            "clone_64 clone_65 clone_66 clone_67 clone_68 clone_69 clone_70 clone_71 clone_72 "
-            "clone_73 clone_74 clone_75 clone_76 clone_77 clone_78 clone_79 clone_80 clone_81 "
-            "clone_82 clone_83 clone_84 clone_85 "
-        ),
-        _names(
-            "clone clone_1 clone_2 clone_3 clone_4 clone_5 clone_6 clone_7 clone_8 clone_9 "
-            "clone_10 "
-            "clone_11 clone_12 clone_13 clone_14 clone_15 clone_16 clone_17 clone_18 clone_19 "
-            "clone_20 clone_21 "
-        ),
-        AUTOGRAD_NAME_GAPS,
     ),
     "real:tv_convnext_tiny": (
         _names(

@@ -179,3 +179,29 @@ def test_shape_change_of_an_input_is_an_error():
 
     with pytest.raises(FunctionalizationError, match=r"(?s)input 'x' in place.*test_functionalize"):
         export(M(), (torch.randn(3),))
+
+
+class GradInplaceActivations(nn.Module):
+    """In-place activations on tensors that require grad (computed from parameters): autograd
+    saves each input with a clone below the dispatcher, which capture sees and torch.export
+    does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = nn.functional.silu(self.a(x), inplace=True)
+        kept = h.clone()  # a clone the user asked for: named as torch names it
+        h = torch.sigmoid_(self.b(h))
+        return h + kept.clone()
+
+
+def test_autograd_saved_clones_take_no_names():
+    mod, args = GradInplaceActivations(), (torch.randn(2, 4),)
+    ours = [n.name for n in export(copy.deepcopy(mod), args).graph.nodes]
+    theirs_ep = torch.export.export(mod, args, strict=False).run_decompositions({})
+    theirs = [n.name for n in theirs_ep.graph.nodes]
+    assert ours == theirs
+    assert "clone" in ours and "clone_1" in ours

@@ -421,7 +421,8 @@ class Functionalizer:
             elif n.op == "output":
                 return n
             elif n.op == "call_function":
-                self._call(n)
+                if not _autograd_saved_input(n):
+                    self._call(n)
             else:
                 raise FunctionalizationError(f"unexpected {n.op} node {n.name} in a captured graph")
         raise FunctionalizationError("captured graph has no output node")
@@ -681,3 +682,21 @@ def functionalize(old: Graph, describe: Describe | None = None) -> tuple[Functio
     pass_ = Functionalizer(old, describe)
     out = pass_.run()
     return pass_, out
+
+
+def _autograd_saved_input(n: Node) -> bool:
+    """``n`` is the copy autograd makes of an in-place op's input whose backward needs it
+    (``silu_`` on a tensor requiring grad): an unused ``clone`` of the tensor the next node
+    writes in place. Capture runs below autograd, so it records the copy; torch.export, tracing
+    above autograd, never sees it. Dropping it here (it is dead code either way) keeps the name
+    counters of the nodes after it equal to torch's."""
+    if n.target is not aten.clone.default or n.users or not n.args:
+        return False
+    val = getattr(n.args[0], "meta", {}).get("val")
+    if not (isinstance(val, torch.Tensor) and val.requires_grad):  # autograd saves nothing
+        return False
+    nxt = n.next
+    if nxt.op != "call_function" or not nxt.args or nxt.args[0] is not n.args[0]:
+        return False
+    schema = getattr(nxt.target, "_schema", None)
+    return schema is not None and schema.name.endswith("_") and _written_args(nxt.target) == (0,)

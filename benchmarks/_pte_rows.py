@@ -1,17 +1,22 @@
 """ExecuTorch .pte rows: exportir writing ExecuTorch's format vs ExecuTorch's own compiler.
 
-    .venv-bench/bin/python benchmarks/_pte_rows.py [--quick] [--only NAME ...]
+    .venv-bench/bin/python benchmarks/_pte_rows.py [--quick] [--only NAME ...] [--self-check]
 
 (also printed at the end of ``benchmarks/program_bench.py``). Per model:
 
 - compile to .pte: ``export -> to_edge -> to_program().pte_buffer()`` vs ExecuTorch's
-  ``torch.export.export -> exir.to_edge -> to_executorch().buffer`` (target <= 0.1x, median);
+  ``torch.export.export -> exir.to_edge -> to_executorch().buffer`` (target <= 0.1x, median;
+  CPU time, interleaved rounds, best of each side);
 - size: .pte bytes / weight bytes, ours vs ExecuTorch's file (target: ours <= theirs);
 - latency in ExecuTorch's runtime (portable kernels, 1 thread): our .pte vs ExecuTorch's .pte of
-  the same model (target <= 1.0 per model), both checked against eager first.
+  the same model (target <= 1.0 per model), both checked against eager first. Both files run in
+  this one process, each loaded twice; the four methods take turns in blocks of ~0.2 ms of calls
+  (see :func:`latency`). The two loads of one file differ only by where the runtime put them and
+  by noise: their ratio (``A/A``) is printed per model, and the largest in the run is the floor
+  a ratio must pass to count as slower. ``--self-check`` puts ExecuTorch's file on both sides.
 
-CPU time, interleaved rounds, best of each side; ratios < 1.0 mean exportir's side is faster or
-smaller. A model exportir refuses to write as .pte (kernels ExecuTorch lacks) shows the refusal.
+Ratios < 1.0 mean exportir's side is faster or smaller. A model exportir refuses to write as
+.pte (kernels ExecuTorch lacks) shows the refusal.
 """
 
 from __future__ import annotations
@@ -135,15 +140,19 @@ def stateless(build: Any) -> bool:
 
 def _block_times(methods: list[Any], n: int, blocks: int) -> list[list[float]]:
     """Per-call CPU seconds of ``blocks`` blocks of ``n`` calls for each method, the methods
-    taking turns block by block (the order reversed every other turn), GC off."""
+    taking turns block by block, GC off. Turn ``t`` starts at method ``t mod k`` of ``k`` and
+    every other cycle of ``k`` turns runs backwards, so each method is in each place of a turn
+    (first, after a given other method, ...) equally often."""
     clock = time.process_time
     times: list[list[float]] = [[] for _ in methods]
-    order = list(enumerate(methods))
+    k = len(methods)
+    forward = list(enumerate(methods))
     gc.collect()
     gc.disable()
     try:
         for turn in range(blocks):
-            for i, (call, flat) in order if turn % 2 == 0 else order[::-1]:
+            order = forward[turn % k:] + forward[:turn % k]
+            for i, (call, flat) in order if turn // k % 2 == 0 else order[::-1]:
                 start = clock()
                 for _ in range(n):
                     call(flat)
@@ -160,30 +169,37 @@ def _low(values: list[float]) -> float:
     return ordered[int(LOW_QUANTILE * (len(ordered) - 1))]
 
 
+def _gm(values: list[float]) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values))
+
+
 LOW_QUANTILE = 0.1
-LOADS = ("ours0", "et0", "et1", "ours1")  # load order: each file once early, once late
+# Load order (ABBA BAAB): each side's loads sit as early and as late as the other's on average.
+# A/A halves: the two loads of a side at the ends of its run of loads against the two between.
+LOADS = ("ours", "et", "et", "ours", "et", "ours", "ours", "et")
+_HALVES = ((0, 3), (1, 2))
 
 
 def latency(ours: bytes, et: bytes, build: Any, want: Any, opts: Any,
             ours_is_et: bool = False) -> dict[str, Any]:
     """Per-call CPU time of each file in ExecuTorch's runtime, in this one process.
 
-    Each file is loaded twice (its own program, arenas and input tensors each time; load order
-    ours, ExecuTorch, ExecuTorch, ours), so what a load's addresses do to the time shows as the
-    difference between two loads of one file (``aa_et``, ``aa_ours``: the A/A ratios) and
-    counts on both sides alike. After a warm-up, the four methods take turns in blocks of
-    about ``BLOCK_SECONDS`` of calls; a load's time is the low quantile of its blocks, a side's
-    the geometric mean of its two loads.
+    Each file is loaded four times (its own program, arenas and input tensors each time, in the
+    order ``LOADS``): where the runtime puts a load changes its time by up to a few percent on
+    some models, and that counts on both sides alike. After a warm-up, the eight methods take
+    turns in blocks of about ``BLOCK_SECONDS`` of calls; a load's time is the low decile of its
+    blocks, a side's the geometric mean of its four loads. ``aa_et`` / ``aa_ours``: the same
+    comparison within one file, two of its loads against the other two (the A/A ratios).
     """
     methods = []
     keep = []  # each method's program and bytes stay alive while it runs
-    for label in LOADS:
-        data = bytes(ours if label.startswith("ours") else et)
+    for k, side in enumerate(LOADS):
+        data = bytes(ours if side == "ours" else et)
         program = _et_program(data)
         method = program.load_method("forward")
-        _, a, k = build()
-        flat = _flat(a, k, keep_str=label.startswith("et") or ours_is_et)
-        _check(method.execute(flat), want, f"{label}'s .pte in ExecuTorch")
+        _, a, kw = build()
+        flat = _flat(a, kw, keep_str=side == "et" or ours_is_et)
+        _check(method.execute(flat), want, f"{side}'s .pte (load {k}) in ExecuTorch")
         keep.append((data, program))
         methods.append((method._method, flat))  # the binding's call: no Python wrapper frame
     call, flat = methods[1]
@@ -196,16 +212,17 @@ def latency(ours: bytes, et: bytes, build: Any, want: Any, opts: Any,
     n = max(1, round(BLOCK_SECONDS / one))
     seconds = getattr(opts, "latency_seconds", None) or 24 * opts.call_seconds
     blocks = max(20, int(seconds / (len(methods) * n * one)))
-    _block_times(methods, n, 3)  # warm-up of every method, untimed
-    per_load = dict(zip(LOADS, map(_low, _block_times(methods, n, blocks))))
+    _block_times(methods, n, len(methods))  # warm-up of every method, untimed
+    lows = list(map(_low, _block_times(methods, n, blocks)))
     del keep
-    return {
-        f"lat_{OURS}": math.sqrt(per_load["ours0"] * per_load["ours1"]),
-        f"lat_{ET}": math.sqrt(per_load["et0"] * per_load["et1"]),
-        "aa_et": per_load["et1"] / per_load["et0"],
-        "aa_ours": per_load["ours1"] / per_load["ours0"],
-        "blocks": f"{blocks}x{n}",
-    }
+    row: dict[str, Any] = {"blocks": f"{blocks}x{n}"}
+    for side in ("ours", "et"):
+        mine = [t for s, t in zip(LOADS, lows) if s == side]
+        name = OURS if side == "ours" else ET
+        row[f"lat_{name}"] = _gm(mine)
+        outer, inner = ([mine[i] for i in half] for half in _HALVES)
+        row[f"aa_{side}"] = _gm(outer) / _gm(inner)
+    return row
 
 
 BLOCK_SECONDS = 0.0002
@@ -233,7 +250,7 @@ def _fmt(x: float | None, digits: int = 2) -> str:
 
 
 def _floor(rows: dict[str, dict[str, Any]]) -> float | None:
-    """The run's A/A noise floor: the largest difference between two loads of one file."""
+    """The run's A/A noise floor: the largest ratio of one file's loads, two against two."""
     aa = [abs(v - 1.0) for r in rows.values() for k in ("aa_et", "aa_ours")
           if (v := _num(r.get(k))) is not None]
     return max(aa) if aa else None
@@ -283,7 +300,7 @@ def report(rows: dict[str, dict[str, Any]], self_check: bool = False) -> str:
         return "\n".join(lines)
     slow = [f"{n} {v:.3f}" for n, v in lat.items() if v > 1.0 + floor]
     near = [f"{n} {v:.3f}" for n, v in lat.items() if 1.0 < v <= 1.0 + floor]
-    lines.append(f"A/A floor (two loads of one file, this run): +-{floor:.3f}; above 1.0 by more "
+    lines.append(f"A/A floor (two loads of one file against its other two, this run): +-{floor:.3f}; above 1.0 by more "
                  f"than the floor on {len(slow)}{': ' + ', '.join(slow) if slow else ''}; above "
                  f"1.0 within it on {len(near)}{': ' + ', '.join(near) if near else ''}")
     return "\n".join(lines)
@@ -324,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     names = {n for item in a.only for n in item.split(",")}
     entries = [e for e in em.ENTRIES if not names or e.name in names]
-    opts = argparse.Namespace(rounds=1 if a.quick else 3, latency_rounds=2 if a.quick else 5,
+    opts = argparse.Namespace(rounds=1 if a.quick or a.self_check else 3,
+                              latency_rounds=2 if a.quick else 5,
                               budget=30.0, timeout=600.0, clock="cpu",
                               call_seconds=0.005 if a.quick else 0.05,
                               latency_seconds=a.latency_seconds or (0.3 if a.quick else 1.2),

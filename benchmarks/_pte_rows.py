@@ -300,8 +300,8 @@ def report(rows: dict[str, dict[str, Any]], self_check: bool = False) -> str:
         return "\n".join(lines)
     slow = [f"{n} {v:.3f}" for n, v in lat.items() if v > 1.0 + floor]
     near = [f"{n} {v:.3f}" for n, v in lat.items() if 1.0 < v <= 1.0 + floor]
-    lines.append(f"A/A floor (two loads of one file against its other two, this run): +-{floor:.3f}; above 1.0 by more "
-                 f"than the floor on {len(slow)}{': ' + ', '.join(slow) if slow else ''}; above "
+    lines.append(f"A/A floor (two loads of one file against its other two, this run): "
+                 f"+-{floor:.3f}; above 1.0 by more than the floor on {len(slow)}{': ' + ', '.join(slow) if slow else ''}; above "
                  f"1.0 within it on {len(near)}{': ' + ', '.join(near) if near else ''}")
     return "\n".join(lines)
 

@@ -301,8 +301,9 @@ def report(rows: dict[str, dict[str, Any]], self_check: bool = False) -> str:
     slow = [f"{n} {v:.3f}" for n, v in lat.items() if v > 1.0 + floor]
     near = [f"{n} {v:.3f}" for n, v in lat.items() if 1.0 < v <= 1.0 + floor]
     lines.append(f"A/A floor (two loads of one file against its other two, this run): "
-                 f"+-{floor:.3f}; above 1.0 by more than the floor on {len(slow)}{': ' + ', '.join(slow) if slow else ''}; above "
-                 f"1.0 within it on {len(near)}{': ' + ', '.join(near) if near else ''}")
+                 f"+-{floor:.3f}; above 1.0 by more than the floor on {len(slow)}"
+                 f"{': ' + ', '.join(slow) if slow else ''}; above 1.0 within it on "
+                 f"{len(near)}{': ' + ', '.join(near) if near else ''}")
     return "\n".join(lines)
 
 

@@ -93,3 +93,46 @@ def test_state_read_after_its_new_value_keeps_the_copy():
     data = _pte(ReadsOldState().eval(), args)
     assert _calls(data) == ["aten::add.out", "aten::mul.out", "MoveCall"]
     _same_as_eager(data, lambda: ReadsOldState().eval(), args, calls=3)
+
+
+class Views(torch.nn.Module):
+    def forward(self, x):
+        y = x * 2
+        return y[:, 1:] + 1, y[:, ::2] - 1, y[:, 2] * 3, y[1:, 1:3] * 1, y.t() + 0
+
+
+def test_slice_and_select_views_are_copied_by_their_kernels():
+    """A planned view that is a slice (also with a step) or a selection of one dimension is
+    copied by slice_copy / select_copy (a memcpy per run, not one element at a time); a slice of
+    two dimensions and a transpose keep as_strided_copy."""
+    args = (torch.randn(4, 6),)
+    data = _pte(Views().eval(), args)
+    calls = _calls(data)
+    assert calls.count("aten::slice_copy.Tensor_out") == 2
+    assert calls.count("aten::select_copy.int_out") == 1
+    assert calls.count("aten::as_strided_copy.out") == 2
+    _same_as_eager(data, lambda: Views().eval(), args)
+
+
+def test_view_copy_form_checks_every_dimension():
+    from exportir.format.pte_views import ViewCopy, view_copy
+
+    def form(base, sizes, strides, offset):
+        t = schema.Tensor(schema.ScalarType.FLOAT, sizes, tuple(range(len(sizes))),
+                          schema.ViewOf(0, offset, strides))
+        b = schema.Tensor(schema.ScalarType.FLOAT, base, tuple(range(len(base))),
+                          schema.Allocation(0, 0, 96))
+        return view_copy(b, t, t.storage)
+
+    assert form((4, 6), (4, 5), (6, 1), 1) == ViewCopy("aten::slice_copy", "Tensor_out",
+                                                        (1, 1, 6, 1))
+    assert form((4, 6), (4, 3), (6, 2), 1) == ViewCopy("aten::slice_copy", "Tensor_out",
+                                                        (1, 1, 6, 2))
+    assert form((4, 6), (4,), (6,), 2) == ViewCopy("aten::select_copy", "int_out", (1, 2))
+    assert form((4, 6), (2, 6), (12, 1), 6) == ViewCopy("aten::slice_copy", "Tensor_out",
+                                                         (0, 1, 4, 2))
+    assert form((4, 6), (4, 3), (6, 2), 2) is None  # 2 + 2 * 2 steps past the end
+    assert form((4, 6), (4, 5), (5, 1), 1) is None  # not a slice of this base
+    assert form((4, 6), (3, 5), (6, 1), 7) is None  # two dimensions sliced
+    assert form((4, 6), (6, 4), (1, 6), 0) is None  # a transpose
+    assert form((4, 6), (2, 3, 4), (12, 4, 1), 0) is None  # another rank

@@ -22,6 +22,7 @@ from exportir.format import _pte_fbs as fbs
 from exportir.format import schema
 from exportir.format.pte_kernels import PTE_KERNELS
 from exportir.format.pte_select import select_kernels
+from exportir.format.pte_views import view_copy
 
 __all__ = [
     "PteEncodeError",
@@ -489,8 +490,9 @@ class _MethodEncoder:
         return self.constant(("IntList", tuple(self.constant(("Int", x)) for x in items)))
 
     def materialize(self, i: int) -> list[tuple]:
-        """``as_strided_copy`` of view ``i`` from its base (first a ``permute_copy`` of the
-        base into its own dim order, when the view only exists over that order)."""
+        """A copy of view ``i`` from its base: ``slice_copy`` / ``select_copy`` when it is one
+        (``pte_views``), else ``as_strided_copy`` (first a ``permute_copy`` of the base into
+        its own dim order, when the view only exists over that order)."""
         v, physical = self.runtime_views[i]
         t = self.m.values[i]
         self.block_keys[-1].add(i)
@@ -508,6 +510,12 @@ class _MethodEncoder:
             dims = self.int_list(root.dim_order)
             op = self.operator(*_PERMUTE)
             found.append(("KernelCall", op, (v.base, dims, source, source)))
+        form = None if physical else view_copy(self.m.values[v.base], t, v)
+        if form is not None:  # a slice or a selection: a cheaper kernel (pte_views)
+            ints = tuple(self.constant(("Int", x)) for x in form.ints)
+            found.append(("KernelCall", self.operator(form.op, form.overload),
+                          (source, *ints, i, i)))
+            return found
         sizes, strides = self.int_list(t.sizes), self.int_list(v.strides)
         offset = self.constant(("Int", v.offset))
         op = self.operator(*_AS_STRIDED)

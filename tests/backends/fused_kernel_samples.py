@@ -342,6 +342,9 @@ SAMPLES.update({
           True), {}),
         ((_r(5, 1, 3), _r(2, 1, 4), _rnn_params(3, 3, 4, 1, 2)[:2] + _rnn_params(3, 3, 4, 1, 2)[4:6],
           False, 1, 0.0, False, True, False), {}),
+        # time-major, a batch of 3, no biases: the fused step loop (GruKernel)
+        ((_r(5, 3, 3), _r(1, 3, 4), _rnn_params(3, 3, 4, 1, 1)[:2], False, 1, 0.0, False, False,
+          False), {}),
     ],
 })  # fmt: skip
 

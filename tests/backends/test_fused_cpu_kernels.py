@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fused_kernel_samples import REFERENCES, SAMPLES
+from fused_kernel_samples import REFERENCES, ROUNDING, SAMPLES
 
 from exportir.runtime.backends.fused_cpu.executor import build, run
 from exportir.runtime.backends.fused_cpu.format import Blob, OpRow
@@ -45,11 +45,6 @@ def _aten(name):
     return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
 
 
-# kernels that compute the op's arithmetic in another order than ATen's: equal up to float32
-# rounding (torch's default tolerances), not bit for bit
-_ROUNDING = {"aten.gru.input"}
-
-
 def _same(got, expected, exact=True):
     got = list(got) if isinstance(got, (list, tuple)) else [got]
     expected = list(expected) if isinstance(expected, (list, tuple)) else [expected]
@@ -72,7 +67,7 @@ def test_kernel_matches_the_aten_op(name):
     for args, kwargs in SAMPLES[name]:
         program, inputs, expected = _one_op_program(name, args, kwargs)
         got = run(program, inputs)
-        _same(got if program.ops[0].multi else got[0], expected, name not in _ROUNDING)
+        _same(got if program.ops[0].multi else got[0], expected, name not in ROUNDING)
 
 
 @pytest.mark.parametrize("name", sorted(INPLACE))

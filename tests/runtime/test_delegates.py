@@ -275,7 +275,6 @@ def test_a_lone_fresh_delegate_returning_the_wrong_results_fails_naming_the_call
         method(x, x)
     backend.outputs = 1
     method(x, x)
-    backend.fail = True
     backend.execute = types.MethodType(lambda self, h, i: 1 / 0, backend)
     with pytest.raises(RuntimeFailure, match="ZeroDivisionError"):
         method(x, x)

@@ -342,6 +342,9 @@ SAMPLES.update({
           True), {}),
         ((_r(5, 1, 3), _r(2, 1, 4), _rnn_params(3, 3, 4, 1, 2)[:2] + _rnn_params(3, 3, 4, 1, 2)[4:6],
           False, 1, 0.0, False, True, False), {}),
+        # time-major, a batch of 3, no biases: the fused step loop (GruKernel)
+        ((_r(5, 3, 3), _r(1, 3, 4), _rnn_params(3, 3, 4, 1, 1)[:2], False, 1, 0.0, False, False,
+          False), {}),
     ],
 })  # fmt: skip
 
@@ -376,6 +379,10 @@ SAMPLES[LINEAR_DYNAMIC_INT8] = [
     ((_pos(1, 16), _W8, _QLINEAR_TAIL[0], _r(8), 1.1920928955078125e-07, "relu"), {}),
 ]
 
+
+# kernels that compute the op's arithmetic in another order than ATen's: equal to the reference
+# up to float32 rounding (torch's default tolerances), not bit for bit
+ROUNDING = frozenset({"aten.gru.input"})
 
 # ops whose torch reference takes its arguments differently from the fused kernel
 REFERENCES = {

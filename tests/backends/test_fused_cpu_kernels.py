@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fused_kernel_samples import REFERENCES, SAMPLES
+from fused_kernel_samples import REFERENCES, ROUNDING, SAMPLES
 
 from exportir.runtime.backends.fused_cpu.executor import build, run
 from exportir.runtime.backends.fused_cpu.format import Blob, OpRow
@@ -45,13 +45,16 @@ def _aten(name):
     return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
 
 
-def _same(got, expected):
+def _same(got, expected, exact=True):
     got = list(got) if isinstance(got, (list, tuple)) else [got]
     expected = list(expected) if isinstance(expected, (list, tuple)) else [expected]
     assert len(got) == len(expected)
     for g, e in zip(got, expected):
         assert g.dtype == e.dtype and g.shape == e.shape
-        torch.testing.assert_close(g, e, rtol=0, atol=0, equal_nan=True)
+        if exact:
+            torch.testing.assert_close(g, e, rtol=0, atol=0, equal_nan=True)
+        else:
+            torch.testing.assert_close(g, e, equal_nan=True)
 
 
 def test_every_kernel_has_samples():
@@ -64,7 +67,7 @@ def test_kernel_matches_the_aten_op(name):
     for args, kwargs in SAMPLES[name]:
         program, inputs, expected = _one_op_program(name, args, kwargs)
         got = run(program, inputs)
-        _same(got if program.ops[0].multi else got[0], expected)
+        _same(got if program.ops[0].multi else got[0], expected, name not in ROUNDING)
 
 
 @pytest.mark.parametrize("name", sorted(INPLACE))

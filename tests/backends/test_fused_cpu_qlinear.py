@@ -106,6 +106,22 @@ def test_a_changed_bias_is_folded_again():
         kernel(torch.zeros(1, 31, dtype=torch.int8), b)
 
 
+def test_a_repeated_call_skips_only_checks_its_first_call_made():
+    """The second call with the same int8 shape and bias runs straight to _int_mm; any other
+    input (another dtype or shape, not a tensor) is checked again."""
+    torch.manual_seed(5)
+    k, n = 32, 16
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    kernel = _prepared(w, torch.rand(n) * 0.01 + 1e-3, 2, None, 1, torch.int8, "relu")
+    qx, b = torch.randint(-128, 128, (1, k), dtype=torch.int8), torch.randn(n)
+    first = kernel(qx, b)
+    assert kernel._fast[0] == qx.shape and torch.equal(kernel(qx, b), first)
+    assert torch.equal(kernel(qx.to(torch.uint8), b), kernel.onednn(qx.to(torch.uint8), b))
+    with pytest.raises(QLinearError, match=r"int8 / uint8 \[\.\.\., 32\]"):
+        kernel(qx.tolist(), b)
+    assert kernel(qx.expand(3, k), b).shape == (3, n)
+
+
 def test_a_uint8_input_runs_onednn():
     torch.manual_seed(3)
     k, n = 32, 16

@@ -18,6 +18,7 @@ from exportir.runtime.backends.fused_cpu import FusedCpuBlobError
 from exportir.runtime.backends.fused_cpu.executor import FusedCpuExecutionError, build, run
 from exportir.runtime.backends.fused_cpu.format import Blob, OpRow
 from exportir.runtime.backends.fused_cpu.kernels import Ref
+from exportir.runtime.backends.fused_cpu.rnn import GruKernel
 
 
 class _Rnn(nn.Module):
@@ -71,6 +72,37 @@ def test_an_lstm_with_an_initial_state_matches_eager():
         want = model(x, (h, c))
     for got, expected in zip(method(x, (h, c)), want, strict=True):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_gru_program_runs_its_step_loop_on_weights_it_transposed_once():
+    torch.manual_seed(0)
+    model = _Rnn(nn.GRU, True, num_layers=2, batch_first=True).eval()
+    x, h = torch.randn(3, 9, 6), torch.randn(2, 3, 8)
+    method = Program.load(_lower(model, (x, h))).method("forward")
+    with torch.no_grad():
+        want = model(x, h)
+    for _ in range(3):  # checked, then trusted (the transposed weights kept)
+        got = method(x, h)
+        for g, e in zip(got, want, strict=True):
+            assert g.stride() == e.stride()  # torch's layout (batch first: time-major)
+            torch.testing.assert_close(g, e)
+
+
+def test_the_gru_kernel_follows_a_changed_weight_and_leaves_other_dtypes_to_torch():
+    torch.manual_seed(0)
+    gru = GruKernel()
+    params = [torch.randn(12, 3), torch.randn(12, 4), torch.randn(12), torch.randn(12)]
+    x, h = torch.randn(6, 2, 3), torch.randn(1, 2, 4)
+    flags = (True, 1, 0.0, False, False, False)
+    for _ in range(2):
+        for g, e in zip(gru(x, h, params, *flags), torch.gru(x, h, params, *flags), strict=True):
+            torch.testing.assert_close(g, e)
+        params[1].mul_(0.5)  # in place: the kept transpose must not be used again
+    params64 = [p.double() for p in params]
+    got = gru(x.double(), h.double(), params64, *flags)
+    want = torch.gru(x.double(), h.double(), params64, *flags)
+    for g, e in zip(got, want, strict=True):
+        assert torch.equal(g, e)
 
 
 # ------------------------------------------------------------------------------ hostile blobs

@@ -11,6 +11,7 @@ from runtime_programs import MethodBuilder, program_of
 from exportir.program import schema, serialize
 from exportir.runtime import (
     DelegateRegistry,
+    MethodInputError,
     MissingBackendError,
     Program,
     RuntimeFailure,
@@ -215,4 +216,65 @@ def test_a_fresh_backend_returning_too_many_results_later_fails_naming_the_call(
 
     backend.execute = types.MethodType(twice, backend)
     with pytest.raises(RuntimeFailure, match="delegate returned 2 outputs; the program expects 1"):
+        method(x, x)
+
+
+class SharedFresh(BufferBackend):
+    """A fresh, thread-safe backend: a method that is only its call runs it directly."""
+
+    thread_safe = True
+
+    def __init__(self) -> None:
+        super().__init__(fresh=True)
+
+    def execute(self, handle, inputs):
+        self.calls += 1
+        a, b = inputs
+        if self.shape != (2, 2):
+            return [torch.zeros(self.shape)] * self.outputs
+        return [a * handle + b] * self.outputs
+
+
+def _direct_method(backend):
+    method = Program.from_schema(_output_only_program(), delegates=_registry(backend)).method()
+    assert method._state._direct is not None  # a lone delegate call: the direct path
+    return method
+
+
+def test_a_lone_fresh_delegate_keeps_its_input_checks_on_the_direct_path():
+    backend = SharedFresh()
+    method = _direct_method(backend)
+    x, y = torch.randn(2, 2), torch.randn(2, 2)
+    method(x, y)
+    torch.testing.assert_close(method(x, y)[0], x * 2 + y)  # trusted: direct
+    with pytest.raises(MethodInputError, match=r"input 1 \(y\).*\[2, 2\]"):
+        method(x, torch.randn(3, 2))
+    with pytest.raises(MethodInputError, match=r"input 0 \(x\).*float32"):
+        method(x.double(), y)
+    with pytest.raises(MethodInputError, match="takes 2 input"):
+        method.execute((x,))
+    strided = torch.randn(2, 4)[:, ::2]  # not contiguous: copied by the general path
+    torch.testing.assert_close(method(strided, y)[0], strided * 2 + y)
+    torch.testing.assert_close(method(x, 3 * y)[0], x * 2 + 3 * y)
+
+
+def test_a_lone_fresh_delegate_returning_the_wrong_results_fails_naming_the_call():
+    backend = SharedFresh()
+    method = _direct_method(backend)
+    x = torch.randn(2, 2)
+    method(x, x)
+    method(x, x)
+    backend.shape = (3, 2)
+    with pytest.raises(RuntimeFailure, match=r"instruction 0.*\n.*model.py:30(.|\n)*planned shape"):
+        method(x, x)
+    backend.shape = (2, 2)
+    torch.testing.assert_close(method(x, x)[0], x * 3)
+    method(x, x)
+    backend.outputs = 2
+    with pytest.raises(RuntimeFailure, match="delegate returned 2 outputs; the program expects 1"):
+        method(x, x)
+    backend.outputs = 1
+    method(x, x)
+    backend.execute = types.MethodType(lambda self, h, i: 1 / 0, backend)
+    with pytest.raises(RuntimeFailure, match="ZeroDivisionError"):
         method(x, x)

@@ -11,6 +11,7 @@ and checks inputs, runs, and copies the outputs out.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -25,6 +26,7 @@ from exportir.runtime._steps import (
     _copy_call,
     _delegate_call,
     _delegate_results,
+    _direct_call,
     _Fresh,
     _kernel_error,
     _kernel_step,
@@ -90,6 +92,7 @@ class MethodState(_MethodInfo):
     __slots__ = (
         "_arenas",
         "_calls",
+        "_direct",
         "_dynamic",
         "_dynamic_cap",
         "_flatten",
@@ -148,6 +151,7 @@ class MethodState(_MethodInfo):
         self._readers: collections.Counter[int] | None = None  # see _unread
         self._fresh_box: list[torch.Tensor | None] = []  # see _Fresh
         self._fresh_slots: dict[int, int] = {}  # output value -> its slot in _fresh_box
+        self._direct = None  # see _direct_call: set while compiling a lone delegate call
         self._steps: list[Step] = [
             self._compile(pc, ins) for pc, ins in enumerate(meta.instructions)
         ]
@@ -167,6 +171,8 @@ class MethodState(_MethodInfo):
         self._input_sizes = InputSizes.of(
             meta, tuple(self._input_label(k) for k in range(len(meta.inputs)))
         )
+        if self._direct is not None:  # (backend, handle, args, outs) of the lone delegate
+            self._direct = _direct_call(self, *self._direct)
         self._in_spec = treespec.parse(meta.in_spec)
         self._out_spec = treespec.parse(meta.out_spec)
         self._flatten = treespec.flattener(self._in_spec) if self._in_spec is not None else None
@@ -194,6 +200,10 @@ class MethodState(_MethodInfo):
         Raises :class:`MethodInputError` for inputs that do not match the method and
         :class:`RuntimeFailure` when an instruction fails. Output tensors are copies.
         """
+        if self._direct is not None and self._verified:  # a lone delegate (_direct_call)
+            outputs = self._direct(inputs)
+            if outputs is not None:
+                return outputs
         values = self._frame
         for region in self._regions.values():  # runtime-allocated tensors start each call empty
             region.tensor.resize_(0)
@@ -534,6 +544,8 @@ class MethodState(_MethodInfo):
             handed = [self._fresh_box_slot(out.value) if d else None for out, d in zip(outs, direct)]
             call = _delegate_call(backend, handle, args, outs, handed, self)
             self._trusted[pc] = (_locked(call, lock), outs)
+            if len(self.meta.instructions) == 1 and all(direct) and isinstance(lock, contextlib.nullcontext):
+                self._direct = (backend, handle, args, outs)
         return step
 
     def _fresh_box_slot(self, index: int) -> int:

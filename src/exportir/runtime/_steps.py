@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from exportir.format import schema
-from exportir.runtime.errors import LimitBreach
+from exportir.runtime.errors import LimitBreach, RuntimeFailure
 from exportir.runtime.kernels import Kernel
 
 if TYPE_CHECKING:
@@ -391,3 +391,89 @@ def _mentions(meta: schema.Method, lists: dict[int, tuple[int, ...]]) -> collect
         if v.initial is not None:  # state: read by the next call
             name(i, 2)
     return counts
+
+
+def _direct_call(
+    method: MethodState,
+    backend: Any,
+    handle: Any,
+    args: tuple[int, ...],
+    outs: tuple[_Out, ...],
+) -> Callable[[Sequence[Any]], tuple[Any, ...] | None] | None:
+    """A whole trusted call of a method that is one thread-safe delegate with fresh outputs
+    (``MethodState._direct``): the inputs the method was built for go straight to the backend,
+    its results straight to the caller. Returns None (use the general path) unless every input
+    is a static tensor, no input is viewed or written, and the method's outputs are exactly the
+    delegate's, each handed out as it is. The call itself returns None for inputs its checks
+    do not accept as they are: the general path then converts them or raises the typed error.
+    """
+    meta = method.meta
+    checks = method._input_checks
+    if (
+        tuple(meta.outputs) != tuple(o.value for o in outs)
+        or any(c is None or c.dynamic for c in checks)
+        or method._input_views or method._mutated or method._regions
+        or method._input_sizes is not None
+        or any(o.value not in method._fresh_slots for o in outs)
+        or any(i in method._lists for i in args)
+    ):
+        return None
+    frame = method._frame
+    template = [frame[i] for i in args]
+    # (position in the delegate's arguments, method input) for each argument an input fills
+    places = tuple((pos, meta.inputs.index(i)) for pos, i in enumerate(args) if i in meta.inputs)
+    accepts = tuple(c.accepts for c in checks)
+    expected = tuple((torch.Size(o.sizes), o.tensor.dtype) for o in outs)
+    count = len(checks)
+    is_grad_enabled = torch.is_grad_enabled
+    set_grad = torch._C._set_grad_enabled
+
+    def direct(inputs: Sequence[Any]) -> tuple[Any, ...] | None:
+        if len(inputs) != count:
+            return None
+        for accept, given in zip(accepts, inputs):
+            if not accept(given):
+                return None
+        values = template.copy()
+        for pos, k in places:
+            values[pos] = inputs[k]
+        grad = is_grad_enabled()
+        set_grad(False)
+        try:
+            results = backend.execute(handle, values)
+        except RuntimeFailure:
+            method._reset()
+            raise
+        except Exception as exc:
+            raise method._failed(0, _kernel_error(exc, outs)) from exc
+        finally:
+            set_grad(grad)
+        if len(results) == len(expected) and all(
+            isinstance(got, torch.Tensor) and got.shape == size and got.dtype == dtype
+            for got, (size, dtype) in zip(results, expected)
+        ):
+            return tuple(results)
+        return _settle(method, results, outs, expected)
+
+    return direct
+
+
+def _settle(
+    method: MethodState, results: Sequence[Any], outs: tuple[_Out, ...],
+    expected: tuple[tuple[torch.Size, torch.dtype], ...],
+) -> tuple[Any, ...]:
+    """The direct call's outputs when the delegate's results are not as planned: each is
+    stored into its planned tensor as on checked runs (raising what they raise) and the caller
+    gets a copy."""
+    try:
+        results = _delegate_results(results, len(outs))
+        final = []
+        for out, got, (size, dtype) in zip(outs, results, expected):
+            if isinstance(got, torch.Tensor) and got.shape == size and got.dtype == dtype:
+                final.append(got)
+            else:
+                _store(out, got, method._frame)
+                final.append(out.tensor.clone())
+    except Exception as exc:
+        raise method._failed(0, exc) from exc
+    return tuple(final)

@@ -102,6 +102,7 @@ def instrumented_state(method: Method, session: Session) -> MethodState:
     state._steps = [session.wrap_step(pc, s) for pc, s in enumerate(state._steps)]
     if state._calls is not None:
         state._calls = [session.wrap_call(pc, c) for pc, c in enumerate(state._calls)]
+    state._direct = None  # a lone delegate's direct call would pass by the wrapped calls
     return state
 
 

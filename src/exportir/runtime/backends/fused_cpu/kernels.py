@@ -42,7 +42,7 @@ from exportir.runtime.backends.fused_cpu.quantized import (
     QUANTIZED_SPECIALIZED,
     define_library,
 )
-from exportir.runtime.backends.fused_cpu.rnn import RNN_KERNELS, RnnShapeError
+from exportir.runtime.backends.fused_cpu.rnn import RNN_KERNELS, RNN_PER_OP, RnnShapeError
 
 __all__ = [
     "INPLACE",
@@ -156,6 +156,11 @@ def _slice(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
 
 def _row_linear(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
     return Call("call", RowLinear(), args, kwargs)
+
+
+def _per_op(make: Callable[[], Any]) -> Callable[[tuple[Any, ...], dict[str, Any]], Call]:
+    """A binding giving each op of a blob a kernel object of its own (``make()``)."""
+    return lambda args, kwargs: Call("call", make(), args, kwargs)
 
 
 def _specialized(fn: Callable[..., Any], specialize: Callable[..., Any]
@@ -453,7 +458,9 @@ KERNELS: dict[str, Kernel] = {
     # oneDNN linear, weight packed at load (.dense)
     **{name: Kernel(fn, prepare=_schema_errors(prepare)) for name, (fn, prepare) in LINEAR_KERNELS.items()},
     # LSTM / GRU over the whole sequence, shapes checked (.rnn)
-    **{name: Kernel(fn, prepare=_schema_errors(prepare)) for name, (fn, prepare) in RNN_KERNELS.items()},
+    **{name: Kernel(fn, prepare=_schema_errors(prepare),
+                    bind=_per_op(RNN_PER_OP[name]) if name in RNN_PER_OP else None)
+       for name, (fn, prepare) in RNN_KERNELS.items()},
     # int8 / int4: quantize-dequantize, oneDNN's qlinear, weight-only matmuls (.quantized)
     **{name: Kernel(fn, prepare=prepare, bind=_specialized(fn, QUANTIZED_SPECIALIZED[name])
                     if name in QUANTIZED_SPECIALIZED else None)

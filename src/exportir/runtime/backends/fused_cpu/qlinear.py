@@ -41,6 +41,7 @@ SMALL_MACS = 1 << 19  # multiply-adds up to which _int_mm beats oneDNN at more t
 _INT_MM = torch._int_mm
 _ADDCMUL = torch.addcmul
 _I8 = torch.int8
+_TENSOR = torch.Tensor
 
 
 class QLinearError(ValueError):
@@ -61,8 +62,8 @@ class StaticQLinear:
     float32 shift folding it in is made the first time a bias tensor is seen and kept while the
     same tensor comes back unchanged (its version counter)."""
 
-    __slots__ = ("_args", "_onednn", "_out", "_pack", "_relu", "_scale", "_shift", "_zp_sums",
-                 "bounds", "int8_out", "k", "n", "weight_t")
+    __slots__ = ("_args", "_fast", "_onednn", "_out", "_pack", "_relu", "_scale", "_shift",
+                 "_zp_sums", "bounds", "int8_out", "k", "n", "weight_t")
 
     def __init__(self, weight: torch.Tensor, w_scales: torch.Tensor, x_scale: float,
                  x_zp: int, out_scale: float, out_zp: int, out_dtype: Any, post_op: str,
@@ -77,6 +78,9 @@ class StaticQLinear:
         # the input zero point's share of each output: x_zp * sum_k W[n, k] * scale[n]
         self._zp_sums = x_zp * weight.sum(1, dtype=torch.float64) * scale  # no float64 copy
         self._shift: tuple[Any, ...] = (None, -1, None)  # (bias seen, its version, shift)
+        # the last 2-D int8 input shape that ran on _int_mm, with the _shift entry then: a call
+        # with the same shape and bias skips the checks that call made (:meth:`__call__`)
+        self._fast: tuple[Any, ...] = (None, None, -1, None)
         lo = max(-128, out_zp) if self._relu else -128
         self.bounds = (float(lo), 127.0)
         self._onednn = onednn
@@ -100,6 +104,16 @@ class StaticQLinear:
         return shift
 
     def __call__(self, qx: Any, bias: Any) -> torch.Tensor:
+        shape, seen, version, shift = self._fast
+        if (qx.__class__ is _TENSOR and qx.shape == shape and qx.dtype is _I8 and bias is seen
+                and (bias is None or bias._version == version)):
+            y = _ADDCMUL(shift, _INT_MM(qx, self.weight_t), self._scale)
+            if self.int8_out:
+                return y.round_().clamp_(*self.bounds).char()
+            return y.relu_() if self._relu else y
+        return self._checked(qx, bias)
+
+    def _checked(self, qx: Any, bias: Any) -> torch.Tensor:
         if not isinstance(qx, torch.Tensor) or qx.dim() < 2 or qx.shape[-1] != self.k:
             raise QLinearError(f"qlinear_pointwise: the input must be int8 / uint8 "
                                f"[..., {self.k}]")
@@ -107,7 +121,10 @@ class StaticQLinear:
         if qx.dtype != _I8 or not small_product(rows, self.n, self.k):
             return self.onednn(qx, bias)
         acc = _INT_MM(qx if qx.dim() == 2 else qx.reshape(rows, self.k), self.weight_t)
-        y = _ADDCMUL(self._shift_for(bias), acc, self._scale)
+        shift = self._shift_for(bias)
+        if qx.dim() == 2 and type(qx) is _TENSOR:
+            self._fast = (qx.shape, bias, -1 if bias is None else bias._version, shift)
+        y = _ADDCMUL(shift, acc, self._scale)
         if self.int8_out:
             y = y.round_().clamp_(*self.bounds).char()  # .to(int8) parses overloads: ~1 us
         elif self._relu:

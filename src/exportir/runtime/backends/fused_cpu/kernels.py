@@ -35,6 +35,7 @@ from exportir.runtime.backends.fused_cpu.dense import (
 from exportir.runtime.backends.fused_cpu.dynamic_int8 import (
     DYNAMIC_INT8_KERNELS,
     DYNAMIC_INT8_SCHEMAS,
+    DYNAMIC_INT8_SPECIALIZED,
 )
 from exportir.runtime.backends.fused_cpu.gemv import RowLinear
 from exportir.runtime.backends.fused_cpu.quantized import (
@@ -459,7 +460,8 @@ KERNELS: dict[str, Kernel] = {
                     if name in QUANTIZED_SPECIALIZED else None)
        for name, (fn, prepare) in QUANTIZED_KERNEL_FNS.items()},
     # dynamically quantized int8 linear on fbgemm, float32 math without it (.dynamic_int8)
-    **{name: Kernel(fn, prepare=prepare) for name, (fn, prepare) in DYNAMIC_INT8_KERNELS.items()},
+    **{name: Kernel(fn, prepare=prepare, bind=_specialized(fn, DYNAMIC_INT8_SPECIALIZED[name]))
+       for name, (fn, prepare) in DYNAMIC_INT8_KERNELS.items()},
 }  # fmt: skip
 
 OPS: frozenset[str] = frozenset(KERNELS)

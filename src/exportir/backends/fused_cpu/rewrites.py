@@ -37,6 +37,7 @@ from exportir.backends.fused_cpu.conv import CONV_FUSIONS, CONV_RULES, channels_
 from exportir.backends.fused_cpu.epilogue import EPILOGUE_FUSIONS, LINEAR_RULES
 from exportir.backends.fused_cpu.ir import Graph, Op, Value, static_shape, values_in
 from exportir.backends.fused_cpu.layout import LAYOUT_RULES
+from exportir.backends.fused_cpu.llm import LLM_KERNEL_RULES
 from exportir.backends.fused_cpu.quantized import QUANT_RULES, uint8_activations
 from exportir.runtime.backends.fused_cpu import DTYPES
 
@@ -391,7 +392,7 @@ RULES: dict[str, tuple[Rule, ...]] = {
 
 
 # Kernel choices, applied once the fusions settled.
-KERNEL_RULES: dict[str, tuple[Rule, ...]] = {**CONV_RULES, **LINEAR_RULES}
+KERNEL_RULES: dict[str, tuple[Rule, ...]] = {**CONV_RULES, **LINEAR_RULES, **LLM_KERNEL_RULES}
 
 
 # ------------------------------------------------------------------------------ folding, driver

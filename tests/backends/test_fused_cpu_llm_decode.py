@@ -103,6 +103,46 @@ def test_row_kernel_takes_the_general_path_for_what_it_does_not_handle():
         row(torch.randn(2, 31), None)
 
 
+class Rotary(nn.Module):
+    """Rotary embeddings of q and k at one position (the rotate-half form), cos / sin gathered
+    from tables as a Llama does."""
+
+    def __init__(self, head_dim: int = 16, max_seq: int = 8) -> None:
+        super().__init__()
+        angles = torch.outer(torch.arange(max_seq).float(), torch.rand(head_dim // 2) + 0.1)
+        self.register_buffer("cos", torch.cat([angles, angles], -1).cos())
+        self.register_buffer("sin", torch.cat([angles, angles], -1).sin())
+
+    @staticmethod
+    def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+        a, b = x.chunk(2, dim=-1)
+        return torch.cat((-b, a), dim=-1)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.cos[pos], self.sin[pos]
+        q = q * cos + self._rotate_half(q) * sin
+        k = k * cos + self._rotate_half(k) * sin
+        return q.sum(1, keepdim=True) + k
+
+
+def test_rotate_half_is_a_roll_with_a_signed_sin_bit_for_bit():
+    """split / neg / cat / mul becomes roll / mul; the signed ``sin`` is made once for q and k;
+    the values are the eager ones exactly (negation is exact)."""
+    torch.manual_seed(0)
+    model = Rotary().eval()
+    args = (torch.randn(1, 4, 1, 16) * 3, torch.randn(1, 2, 1, 16), torch.tensor([5]))
+    edge = to_edge_transform_and_lower(export(model, args), partitioner=[FusedCpuPartitioner()])
+    ops = _blob_ops(edge)
+    assert ops.count("aten.roll.default") == 2, ops
+    assert not {"aten.neg.default", "aten.cat.default"} & set(ops), ops
+    assert ops.count("aten.mul.Tensor") == 5, ops  # 2 x (cos, rolled * signed sin) + the sign
+    method = Program.load(edge.to_program().buffer).method("forward")
+    for pos in range(8):
+        args = (torch.randn(1, 4, 1, 16) * 3, torch.randn(1, 2, 1, 16), torch.tensor([pos]))
+        with torch.no_grad():
+            assert torch.equal(method(*args), model(*args))
+
+
 def _module(folder: str, name: str):
     """Module ``name`` from ``folder`` of the repository (the benchmark's model, tests/llm's
     eager reference)."""

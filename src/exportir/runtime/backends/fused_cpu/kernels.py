@@ -439,7 +439,7 @@ KERNELS: dict[str, Kernel] = {
         aten.embedding.default aten.index_select.default
         aten.gather.default aten.scatter_add.default aten.slice_scatter.default
         aten.flip.default aten.full.default aten.full_like.default aten.scalar_tensor.default
-        aten.arange.start_step
+        aten.arange.start_step aten.roll.default
     """),
     # torch.index_put / Tensor.index_put refuse None indices: the overloads take them
     # torch.add(x, 2, 3) would be the deprecated add(input, alpha, other)

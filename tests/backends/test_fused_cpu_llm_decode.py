@@ -3,6 +3,8 @@ kernel (DynamicRowLinear): fewer kernel calls, the same values."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -141,6 +143,56 @@ def test_rotate_half_is_a_roll_with_a_signed_sin_bit_for_bit():
         args = (torch.randn(1, 4, 1, 16) * 3, torch.randn(1, 2, 1, 16), torch.tensor([pos]))
         with torch.no_grad():
             assert torch.equal(method(*args), model(*args))
+
+
+class TwoMasks(nn.Module):
+    """Two layers each making the attention mask from the same positions."""
+
+    def forward(self, scores: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        visible = torch.arange(6)[None, :] <= pos[:, None]
+        a = scores + torch.where(visible, 0.0, float("-inf"))
+        b = a.softmax(-1) + torch.where(visible, 0.0, float("-inf"))
+        return b
+
+
+def test_a_mask_made_twice_is_made_once():
+    args = (torch.randn(2, 6), torch.tensor([2, 4]))
+    edge = to_edge_transform_and_lower(export(TwoMasks(), args),
+                                       partitioner=[FusedCpuPartitioner()])
+    ops = _blob_ops(edge)
+    assert ops.count("aten.where.self") == 1, ops
+    method = Program.load(edge.to_program().buffer).method("forward")
+    assert torch.equal(method(*args), TwoMasks()(*args))
+
+
+@pytest.mark.parametrize(
+    ("index", "values"),
+    [
+        ([2], (1, 2, 1, 3)),  # one position: index_copy
+        ([1, 3], (1, 2, 2, 3)),
+        ([-1], (1, 2, 1, 3)),  # negative: index_put wraps it, index_copy refuses
+        ([1], (3,)),  # broadcast values
+        (torch.tensor([1], dtype=torch.int32), (1, 2, 1, 3)),
+        (torch.tensor(1), (1, 2, 3)),  # a 0-dim index drops the dim
+    ],
+)
+def test_cache_write_at_one_dim_computes_index_put(index, values):
+    """The KV-cache write's kernel (index_copy where it computes the same) equals index_put on
+    every form index_put takes, errors included."""
+    from exportir.runtime.backends.fused_cpu.kernels import KERNELS, Ref, bind
+
+    call = bind("aten.index_put.default", (Ref(0), [None, None, Ref(1)], Ref(2)), {})
+    assert call.args == (Ref(0), Ref(1), Ref(2))  # bound to the one-dim form
+    x = torch.randn(1, 2, 5, 3)
+    index = index if isinstance(index, torch.Tensor) else torch.tensor(index)
+    v = torch.randn(values)
+    want = KERNELS["aten.index_put.default"].fn(x, [None, None, index], v)
+    assert torch.equal(call.fn(x, index, v), want)
+    for bad_index, bad_v in ((torch.tensor([5]), v), (index, v.double())):
+        with pytest.raises((IndexError, RuntimeError)) as want_error:
+            torch.ops.aten.index_put.default(x, [None, None, bad_index], bad_v)
+        with pytest.raises(type(want_error.value), match=re.escape(str(want_error.value))):
+            call.fn(x, bad_index, bad_v)
 
 
 def _module(folder: str, name: str):

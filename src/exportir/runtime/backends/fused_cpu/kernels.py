@@ -174,6 +174,38 @@ def _specialized(fn: Callable[..., Any], specialize: Callable[..., Any]
     return bind
 
 
+_INDEX_PUT = torch.ops.aten.index_put.default
+
+
+class _IndexPutDim:
+    """``index_put(x, [None] * dim + [index], values)`` (a KV-cache write at the decode step's
+    positions) through ``Tensor.index_copy``, about half the cost a call. ``index_copy`` takes
+    only what it computes the same way (an int64 index of one dim, in range, values of the exact
+    shape and dtype) and raises for the rest (negative or bool indices, broadcast values):
+    those run ``index_put`` itself."""
+
+    __slots__ = ("dim",)
+
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+
+    def __call__(self, x: Any, index: Any, values: Any) -> Any:
+        if type(index) is torch.Tensor and index.dim() == 1:
+            try:
+                return x.index_copy(self.dim, index, values)
+            except (IndexError, RuntimeError):
+                pass
+        return _INDEX_PUT(x, [None] * self.dim + [index], values)
+
+
+def _index_put(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
+    x, indices, values, accumulate = (*args, False)[:4]
+    if (not kwargs and accumulate is False and isinstance(indices, list) and indices
+            and isinstance(indices[-1], Ref) and all(i is None for i in indices[:-1])):
+        return Call("call", _IndexPutDim(len(indices) - 1), (x, indices[-1], values))
+    return Call("call", _INDEX_PUT, args, kwargs)
+
+
 class AttentionShapeError(ValueError):
     """Flash attention arguments the kernel would read out of bounds on."""
 
@@ -446,7 +478,7 @@ KERNELS: dict[str, Kernel] = {
     "aten.add.Scalar": Kernel(torch.add, keywords=("alpha",)),
     "aten.sub.Scalar": Kernel(torch.sub, keywords=("alpha",)),
     "aten.index.Tensor": Kernel(torch.ops.aten.index.Tensor),
-    "aten.index_put.default": Kernel(torch.ops.aten.index_put.default),
+    "aten.index_put.default": Kernel(_INDEX_PUT, bind=_index_put),
     "aten.repeat.default": Kernel(_T.repeat, splat=True),
     "aten._native_batch_norm_legit_functional.default": Kernel(_bn_functional),
     **_LAYOUT,

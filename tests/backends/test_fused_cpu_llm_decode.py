@@ -109,15 +109,18 @@ class Rotary(nn.Module):
     """Rotary embeddings of q and k at one position (the rotate-half form), cos / sin gathered
     from tables as a Llama does."""
 
-    def __init__(self, head_dim: int = 16, max_seq: int = 8) -> None:
+    def __init__(self, head_dim: int = 16, max_seq: int = 8, slices: bool = False) -> None:
         super().__init__()
+        self.slices = slices
         angles = torch.outer(torch.arange(max_seq).float(), torch.rand(head_dim // 2) + 0.1)
         self.register_buffer("cos", torch.cat([angles, angles], -1).cos())
         self.register_buffer("sin", torch.cat([angles, angles], -1).sin())
 
-    @staticmethod
-    def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-        a, b = x.chunk(2, dim=-1)
+    def _rotate_half(self, x: torch.Tensor) -> torch.Tensor:
+        if self.slices:  # transformers' form
+            a, b = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+        else:
+            a, b = x.chunk(2, dim=-1)
         return torch.cat((-b, a), dim=-1)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -127,16 +130,17 @@ class Rotary(nn.Module):
         return q.sum(1, keepdim=True) + k
 
 
-def test_rotate_half_is_a_roll_with_a_signed_sin_bit_for_bit():
-    """split / neg / cat / mul becomes roll / mul; the signed ``sin`` is made once for q and k;
-    the values are the eager ones exactly (negation is exact)."""
+@pytest.mark.parametrize("slices", [False, True], ids=["chunk", "slices"])
+def test_rotate_half_is_a_roll_with_a_signed_sin_bit_for_bit(slices):
+    """split (or two slices) / neg / cat / mul becomes roll / mul; the signed ``sin`` is made
+    once for q and k; the values are the eager ones exactly (negation is exact)."""
     torch.manual_seed(0)
-    model = Rotary().eval()
+    model = Rotary(slices=slices).eval()
     args = (torch.randn(1, 4, 1, 16) * 3, torch.randn(1, 2, 1, 16), torch.tensor([5]))
     edge = to_edge_transform_and_lower(export(model, args), partitioner=[FusedCpuPartitioner()])
     ops = _blob_ops(edge)
     assert ops.count("aten.roll.default") == 2, ops
-    assert not {"aten.neg.default", "aten.cat.default"} & set(ops), ops
+    assert not {"aten.neg.default", "aten.cat.default", "aten.slice_copy.Tensor"} & set(ops), ops
     assert ops.count("aten.mul.Tensor") == 5, ops  # 2 x (cos, rolled * signed sin) + the sign
     method = Program.load(edge.to_program().buffer).method("forward")
     for pos in range(8):
@@ -235,3 +239,26 @@ def test_mini_llama_decodes_the_eager_tokens(scheme):
     prompt = [5, 9, 33, 2, 17]
     want = _module("tests/llm", "toy_lm").eager_greedy(model, prompt, 12)
     assert list(generate(program, prompt, 12, stop_at_eos=False)) == want
+
+
+def test_one_row_weights_are_laid_out_by_the_first_call():
+    """A decode delegate's one-row linears block their weights (delegate inputs: the method's
+    constants) during the first call, not the second: a decode loop's steady state starts at
+    its second token. 8 MiB of weights (the blocking threshold), results equal to eager."""
+    from exportir.runtime.backends.fused_cpu import FusedCpuRuntime
+    from exportir.runtime.backends.fused_cpu.gemv import BLOCK_MIN_BYTES, RowLinear
+
+    torch.manual_seed(0)
+    model = nn.Linear(1024, BLOCK_MIN_BYTES // 4096, bias=False).eval().requires_grad_(False)
+    x = torch.randn(1, 1, 1024)
+    edge = to_edge_transform_and_lower(
+        export(model, (x,)), partitioner=[FusedCpuPartitioner(own_constants=False)])
+    gm = edge.exported_program().graph_module
+    (blob,) = [m.processed_bytes for _, m in gm.named_children() if hasattr(m, "processed_bytes")]
+    runtime = FusedCpuRuntime()
+    handle = runtime.init(blob, [])
+    (op,) = [f for f in handle.fn.__globals__.values() if isinstance(f, RowLinear)]
+    assert len(handle.primes) == 1 and op._state[2] is None
+    (got,) = runtime.execute(handle, [model.weight, x])  # parameters come first
+    assert op._state[2] is not None and not handle.primes  # blocked by the first call
+    torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)

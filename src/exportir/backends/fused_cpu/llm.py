@@ -12,7 +12,7 @@ arithmetic; these rules make fewer calls for the same values:
   value is bit for bit what the separate linears compute; fbgemm's fixed cost per call (~15 us
   at one row) is paid once instead of three times;
 - ``rotary``: ``cat([-x2, x1]) * sin`` with ``x1, x2`` the halves of ``x`` (the rotate-half of
-  rotary embeddings: split, neg, cat, mul) is ``roll(x, D / 2) * (sin * [-1, .., 1, ..])``: two
+  rotary embeddings: split or two slices, neg, cat, mul) is ``roll(x, D / 2) * (sin * [-1, .., 1, ..])``: two
   calls, the signed ``sin`` made once per ``sin`` and shared by every layer. Negation is exact,
   so the values are bit for bit the same;
 - ``same_mask``: a ``where`` computing what an earlier one computes (the attention mask each
@@ -36,6 +36,7 @@ __all__ = ["LLM_KERNEL_RULES", "rotary", "same_mask", "shared_input_int8"]
 
 _SPLIT = "aten.split_with_sizes_copy.default"
 _VIEW = "aten.view_copy.default"
+_SLICE = "aten.slice_copy.Tensor"
 
 
 def _int8_parts(op: Op) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
@@ -124,15 +125,35 @@ def _other(op: Op, v: Any) -> Any:
 
 
 def _halves(g: Graph, a: Any, b: Any) -> Value | None:
-    """``x`` when ``a, b`` are the two equal halves of ``x``'s last dim (one split)."""
+    """``x`` when ``a, b`` are the first and second halves of ``x``'s last dim: the two results
+    of one split (``chunk``) or two slices (``x[..., :h]``, ``x[..., h:]``)."""
     split = g.producer(a, _SPLIT)
-    if split is None or split.kwargs or len(split.outs) != 2 or split.outs[1] is not b:
+    if split is not None and not split.kwargs and len(split.outs) == 2 and split.outs[1] is b:
+        x, sizes, dim = (*split.args, 0)[:3]
+        shape = static_shape(x)
+        if shape is None or dim not in (-1, len(shape) - 1) or list(sizes) != [shape[-1] // 2] * 2:
+            return None
+        return x if 2 * sizes[0] == shape[-1] else None
+    first, second = g.producer(a, _SLICE), g.producer(b, _SLICE)
+    if first is None or second is None or first.kwargs or second.kwargs:
         return None
-    x, sizes, dim = (*split.args, 0)[:3]
+    x = first.args[0]
     shape = static_shape(x)
-    if shape is None or dim not in (-1, len(shape) - 1) or list(sizes) != [shape[-1] // 2] * 2:
+    if shape is None or second.args[0] is not x or shape[-1] % 2:
         return None
-    return x if 2 * sizes[0] == shape[-1] else None
+    half, last = shape[-1] // 2, len(shape) - 1
+    lo, hi = (_slice_args(op) for op in (first, second))
+    if lo[0] not in (-1, last) or hi[0] not in (-1, last) or lo[3] != 1 or hi[3] != 1:
+        return None
+    if lo[1] not in (0, None) or lo[2] != half or hi[1] != half:
+        return None
+    return x if hi[2] is None or (type(hi[2]) is int and hi[2] >= shape[-1]) else None
+
+
+def _slice_args(op: Op) -> tuple[Any, ...]:
+    """``(dim, start, end, step)`` of a ``slice_copy``, defaults filled in."""
+    given = tuple(op.args[1:5])
+    return (*given, *(0, None, None, 1)[len(given):])
 
 
 def _signed(g: Graph, sin: Value, half: int, before: Op) -> Value:

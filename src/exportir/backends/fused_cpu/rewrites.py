@@ -19,7 +19,9 @@ keeps the values the delegate computes (up to float rounding where noted):
   likewise ``native_group_norm`` / ``native_layer_norm`` the ``group_norm`` / ``layer_norm``; ``mul(x, sigmoid(x))`` becomes ``silu(x)``;
 - layout no-ops: a ``view``/``expand`` to the same shape, an identity ``permute`` are dropped;
   chains of ``view``/``squeeze``/``unsqueeze`` and of ``permute`` collapse into one op;
-- small convolutions on the kernels fast for them (:mod:`.conv`);
+- small convolutions on the kernels fast for them (:mod:`.conv`); an LLM decode step's int8
+  linears sharing an input as one, rotate-half rotary as a ``roll``, a repeated mask made once
+  (:mod:`.llm`);
 - constant folding: an op whose inputs are all known (parameters handed to the backend, folded
   results, or none: ``full``, ``arange``) is computed now when its result is at most 64 KiB or
   no larger than its inputs.

@@ -189,6 +189,7 @@ SAMPLES.update({
     "aten.scatter_add.default": [((_r(4, 5), 1, _i(5, 4, 2), _r(4, 2)), {})],
     "aten.slice_scatter.default": [((_r(4, 5), _r(4, 2), 1, 1, 3), {})],
     "aten.flip.default": [((_r(3, 4), [0, 1]), {})],
+    "aten.roll.default": [((_r(2, 3, 8), [4], [-1]), {}), ((_r(3, 4), [1, -2], [0, 1]), {})],
     "aten.repeat.default": [((_r(2, 3), [2, 1, 2]), {})],
     "aten.full.default": [(([2, 3], 1.5), {"dtype": torch.float32, "layout": torch.strided, "device": torch.device("cpu"), "pin_memory": False})],
     "aten.full_like.default": [((_r(2, 3), 7), {"dtype": torch.int64, "memory_format": torch.preserve_format})],

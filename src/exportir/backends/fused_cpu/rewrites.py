@@ -19,7 +19,9 @@ keeps the values the delegate computes (up to float rounding where noted):
   likewise ``native_group_norm`` / ``native_layer_norm`` the ``group_norm`` / ``layer_norm``; ``mul(x, sigmoid(x))`` becomes ``silu(x)``;
 - layout no-ops: a ``view``/``expand`` to the same shape, an identity ``permute`` are dropped;
   chains of ``view``/``squeeze``/``unsqueeze`` and of ``permute`` collapse into one op;
-- small convolutions on the kernels fast for them (:mod:`.conv`);
+- small convolutions on the kernels fast for them (:mod:`.conv`); an LLM decode step's int8
+  linears sharing an input as one, rotate-half rotary as a ``roll``, a repeated mask made once
+  (:mod:`.llm`);
 - constant folding: an op whose inputs are all known (parameters handed to the backend, folded
   results, or none: ``full``, ``arange``) is computed now when its result is at most 64 KiB or
   no larger than its inputs.
@@ -37,6 +39,7 @@ from exportir.backends.fused_cpu.conv import CONV_FUSIONS, CONV_RULES, channels_
 from exportir.backends.fused_cpu.epilogue import EPILOGUE_FUSIONS, LINEAR_RULES
 from exportir.backends.fused_cpu.ir import Graph, Op, Value, static_shape, values_in
 from exportir.backends.fused_cpu.layout import LAYOUT_RULES
+from exportir.backends.fused_cpu.llm import LLM_KERNEL_RULES
 from exportir.backends.fused_cpu.quantized import QUANT_RULES, uint8_activations
 from exportir.runtime.backends.fused_cpu import DTYPES
 
@@ -391,7 +394,7 @@ RULES: dict[str, tuple[Rule, ...]] = {
 
 
 # Kernel choices, applied once the fusions settled.
-KERNEL_RULES: dict[str, tuple[Rule, ...]] = {**CONV_RULES, **LINEAR_RULES}
+KERNEL_RULES: dict[str, tuple[Rule, ...]] = {**CONV_RULES, **LINEAR_RULES, **LLM_KERNEL_RULES}
 
 
 # ------------------------------------------------------------------------------ folding, driver

@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["DYNAMIC_INT8_KERNELS", "DYNAMIC_INT8_SCHEMAS", "LINEAR_DYNAMIC_INT8",
-           "DynamicInt8Error", "fbgemm_available"]
+__all__ = ["DYNAMIC_INT8_KERNELS", "DYNAMIC_INT8_SCHEMAS", "DYNAMIC_INT8_SPECIALIZED",
+           "LINEAR_DYNAMIC_INT8", "DynamicInt8Error", "DynamicRowLinear", "fbgemm_available"]
 
 LINEAR_DYNAMIC_INT8 = "fused_cpu.linear_dynamic_int8.default"
 DYNAMIC_INT8_SCHEMAS = {
@@ -40,6 +40,10 @@ DYNAMIC_INT8_SCHEMAS = {
     "Tensor w_scales, Tensor? bias, float eps, str post_op) -> Tensor",
 }
 _QMIN, _QMAX = -128, 127  # the int8 activation range the pattern quantizes to
+_AMINMAX = torch.aminmax
+_QUANTIZED = getattr(torch.ops, "quantized", None)
+_FBGEMM = getattr(_QUANTIZED, "linear_with_input_q_dq_qweight_dq_output_fp32", None)
+_FBGEMM_RELU = getattr(_QUANTIZED, "linear_with_input_q_dq_qweight_dq_relu_output_fp32", None)
 _POST_OPS = ("none", "relu")
 
 
@@ -67,12 +71,14 @@ class PackedDynamicLinear:
     argument, so a plain slotted class (not a tuple that argument walkers would descend into;
     not a dataclass: see :mod:`.kernels`)."""
 
-    __slots__ = ("has_bias", "k", "n", "packed")
+    __slots__ = ("has_bias", "k", "n", "packed", "scales")
 
-    def __init__(self, packed: Any, n: int, k: int, has_bias: bool) -> None:
+    def __init__(self, packed: Any, n: int, k: int, has_bias: bool, scales: torch.Tensor
+                 ) -> None:
         self.packed = packed
         self.n, self.k = n, k
         self.has_bias = has_bias  # packed with the weight (a constant); else added per call
+        self.scales = scales
 
     def __repr__(self) -> str:
         return f"PackedDynamicLinear(n={self.n}, k={self.k}, has_bias={self.has_bias})"
@@ -85,10 +91,15 @@ def _f32(v: float) -> float:
 
 def activation_qparams(x: torch.Tensor, eps: float) -> tuple[float, int]:
     """``(scale, zero point)`` of ``x`` as ``choose_qparams.tensor(x, -128, 127, eps, int8)``
-    gives them. float32 operations on float32 values are computed in float64 and rounded once,
-    which gives the float32 result exactly."""
+    gives them."""
     lo_t, hi_t = torch.aminmax(x)
-    lo, hi = min(lo_t.item(), 0.0), max(hi_t.item(), 0.0)
+    return _qparams(lo_t.item(), hi_t.item(), eps)
+
+
+def _qparams(lo: float, hi: float, eps: float) -> tuple[float, int]:
+    """:func:`activation_qparams` from the range. float32 operations on float32 values are
+    computed in float64 and rounded once, which gives the float32 result exactly."""
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
     scale = max(_f32(_f32(hi - lo) / float(_QMAX - _QMIN)), _f32(eps))
     if not math.isfinite(scale) or not math.isfinite(lo):
         return scale, _QMIN
@@ -129,7 +140,7 @@ def pack(w: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor | None
         q = torch._make_per_channel_quantized_tensor(
             w.contiguous(), w_scales.double(), torch.zeros(n, dtype=torch.int64), 0)
     return PackedDynamicLinear(torch.ops.quantized.linear_prepack(q, bias), n, k,
-                               bias is not None)
+                               bias is not None, w_scales)
 
 
 def _reference(x: torch.Tensor, w: torch.Tensor, w_scales: torch.Tensor, bias: Any,
@@ -153,9 +164,7 @@ def linear_dynamic_int8(x: Any, w: Any, w_scales: Any, bias: Any, eps: Any,
     if isinstance(w, PackedDynamicLinear) and math.isfinite(scale):
         x2 = x.reshape(-1, k).contiguous()
         late_bias = bias is not None and not w.has_bias
-        op = (torch.ops.quantized.linear_with_input_q_dq_qweight_dq_relu_output_fp32
-              if post_op == "relu" and not late_bias else
-              torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32)
+        op = _FBGEMM_RELU if post_op == "relu" and not late_bias else _FBGEMM
         # fbgemm's activations are uint8: the same values, zero point moved by 128
         out = op(x2, scale, zero_point - _QMIN, w.packed)
         if late_bias:
@@ -167,6 +176,44 @@ def linear_dynamic_int8(x: Any, w: Any, w_scales: Any, bias: Any, eps: Any,
         w = torch.ops.quantized.linear_unpack(w.packed)[0].int_repr()
     out = _reference(x, w, w_scales, bias, scale, zero_point)
     return torch.relu(out) if post_op == "relu" else out
+
+
+class DynamicRowLinear:
+    """``linear_dynamic_int8`` for one op of a blob whose weight was packed at load, its
+    ``eps`` and ``post_op`` checked once: called as ``(x, bias)``. A contiguous float32 input
+    with the weight's bias (or none) goes straight to fbgemm (an LLM decode step makes ~30 such
+    calls: the general kernel's argument checks and op lookups were a fifth of each); anything
+    else runs the general kernel."""
+
+    __slots__ = ("eps", "op", "post_op", "w")
+
+    def __init__(self, w: PackedDynamicLinear, eps: float, post_op: str) -> None:
+        self.w, self.eps, self.post_op = w, eps, post_op
+        self.op = _FBGEMM_RELU if post_op == "relu" else _FBGEMM
+
+    def __call__(self, x: Any, bias: Any) -> torch.Tensor:
+        w = self.w
+        if (type(x) is torch.Tensor and x.dtype == torch.float32 and x.dim() >= 2
+                and x.shape[-1] == w.k and x.numel() > 0 and x.is_contiguous()
+                and (bias is None or w.has_bias)):
+            lo_t, hi_t = _AMINMAX(x)
+            scale, zero_point = _qparams(lo_t.item(), hi_t.item(), self.eps)
+            if math.isfinite(scale):
+                y = self.op(x.view(-1, w.k), scale, zero_point - _QMIN, w.packed)
+                return y.view(*x.shape[:-1], w.n)
+        return linear_dynamic_int8(x, w, w.scales, bias, self.eps, self.post_op)
+
+
+def _specialize(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``(DynamicRowLinear, (x, bias))`` for an op whose weight was packed at load and whose
+    ``eps`` / ``post_op`` are valid, else None (the general kernel runs, and names what is
+    wrong)."""
+    if kwargs or len(args) != 6 or not isinstance(args[1], PackedDynamicLinear):
+        return None
+    x, w, _scales, bias, eps, post_op = args
+    if not (isinstance(eps, float) and eps > 0 and post_op in _POST_OPS):
+        return None
+    return DynamicRowLinear(w, eps, post_op), (x, bias)
 
 
 def _prepare(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> tuple[Any, ...]:
@@ -182,6 +229,9 @@ def _prepare(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> tuple[Any
         return args  # the kernel refuses them when it runs
     return (args[0], packed, *args[2:])
 
+
+# name -> specialize(args, kwargs): ``(callable, its arguments)`` (see .kernels._specialized)
+DYNAMIC_INT8_SPECIALIZED: dict[str, Callable[..., Any]] = {LINEAR_DYNAMIC_INT8: _specialize}
 
 # name -> (kernel, prepare)
 DYNAMIC_INT8_KERNELS: dict[str, tuple[Callable[..., Any], Any]] = {

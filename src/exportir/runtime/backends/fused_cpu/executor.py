@@ -58,7 +58,8 @@ class FusedCpuExecutionError(RuntimeError):
 
 
 class FusedProgram(
-    namedtuple("FusedProgram", "num_values inputs outputs constants ops fn source code line_ops")
+    namedtuple("FusedProgram",
+               "num_values inputs outputs constants ops fn source code line_ops primes")
 ):
     """A loaded blob (the runtime's delegate handle): ``fn(*inputs)`` runs it."""
 
@@ -72,6 +73,9 @@ class FusedProgram(
     source: str
     code: CodeType
     line_ops: dict[int, int]
+    # (one-row linear kernel, input position of its weight): shown its weight before the first
+    # call runs (:meth:`.gemv.RowLinear.prime`), then emptied
+    primes: list[tuple[RowLinear, int]]
 
     def failure(self, exc: BaseException) -> FusedCpuExecutionError:
         """The error to raise for ``exc`` raised while running: names the failing op."""
@@ -128,6 +132,8 @@ class _Source:
         self.lines: list[str] = []
         self.line_ops: dict[int, int] = {}
         self.row_linears: list[RowLinear] = []  # one group: they block by the blob's total
+        self.primes: list[tuple[RowLinear, int]] = []
+        self.input_at = {slot: k for k, slot in enumerate(blob.inputs)}
 
     def constant(self, x: Any) -> torch.Tensor | None:
         """The tensor of a constant slot ``x`` reads, else None."""
@@ -181,6 +187,7 @@ class _Source:
             raise fail(f"ops[{i}]", f"{row.name}: {e}") from None
         if isinstance(call.fn, RowLinear):
             call.fn.join(self.row_linears)
+            self._prime(call)
         try:
             call = guard(row.name, row.node, call, self.max_bytes)
         except FusedAllocationError as e:
@@ -201,6 +208,18 @@ class _Source:
         ]
         if dead:
             self.lines.append(f"    del {', '.join(self.name(s) for s in dict.fromkeys(dead))}")
+
+    def _prime(self, call: Call) -> None:
+        """Show a one-row linear its weight before it runs: a constant now, a delegate input
+        when the first call starts (so the first call, not the second, lays weights out)."""
+        w = call.args[1] if len(call.args) > 1 else None
+        if not isinstance(w, Ref):
+            return
+        tensor = self.constant(w)
+        if tensor is not None:
+            call.fn.prime(tensor)
+        elif w.slot in self.input_at:
+            self.primes.append((call.fn, self.input_at[w.slot]))
 
     def _reads(self, row: OpRow) -> list[int]:
         return refs(row.args) + refs(row.kwargs)
@@ -260,6 +279,7 @@ def build(blob: Blob, max_bytes: int = DEFAULT_MAX_BYTES) -> FusedProgram:
         source=text,
         code=fn.__code__,
         line_ops=src.line_ops,
+        primes=src.primes,
     )
 
 
@@ -269,6 +289,11 @@ def run(program: FusedProgram, inputs: Sequence[Any]) -> tuple[Any, ...]:
         raise FusedCpuExecutionError(
             f"fused_cpu delegate takes {len(program.inputs)} inputs; got {len(inputs)}"
         )
+    if program.primes:  # the first call
+        primes = program.primes[:]
+        program.primes.clear()
+        for fn, k in primes:
+            fn.prime(inputs[k])
     try:
         if torch.is_grad_enabled():
             with torch.no_grad():

@@ -14,8 +14,9 @@ on AVX-512: 29 decode-step linears, 16 MiB, 2.6 ms -> 1.0 ms).
   of rows (more than one: a batched ``matmul`` and a transpose back, for prefill blocks);
 - :class:`RowLinear` is the fused CPU kernel of ``aten.linear.default``: one instance per op
   of a blob (``Kernel.bind``). The weight of a method's linear is a program constant the
-  delegate is handed on every call: the second time one op sees the same weight tensor,
-  unchanged (its version counter), with one row of ``x``, it blocks it and keeps the copy;
+  delegate is handed on every call: the executor shows each op its weight when the first call
+  starts (:meth:`RowLinear.prime`); when one op then sees the same weight tensor, unchanged
+  (its version counter), with one row of ``x``, it blocks it and keeps the copy;
   later one-row calls use it. It blocks only when the blob's one-row weights add up to
   :data:`BLOCK_MIN_BYTES` or more: smaller ones stay in the caches from call to call, where
   ATen's ``linear`` is faster (a 3-linear MLP of 2.6 MiB: 62 vs 85 us). Anything else (several
@@ -104,6 +105,15 @@ class RowLinear:
         """Share ``group`` (the blob's one-row linears) and add this op to it."""
         group.append(self)
         self._group = group
+
+    def prime(self, w: Any) -> None:
+        """See ``w`` before the first call (the executor shows each op its weight when the
+        delegate's first call starts): that call's one-row product then decides and blocks,
+        as a second sight would, so the weights are laid out by the first call, not the
+        second (a decode loop's first timed token paid ~13 ms for it)."""
+        if isinstance(w, torch.Tensor) and self._state[0] is None:
+            self._state = (w, w._version, None, None, None, None)
+            self._bytes = w.numel() * w.element_size()
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None
                  ) -> torch.Tensor:

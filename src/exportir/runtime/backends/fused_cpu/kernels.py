@@ -35,6 +35,7 @@ from exportir.runtime.backends.fused_cpu.dense import (
 from exportir.runtime.backends.fused_cpu.dynamic_int8 import (
     DYNAMIC_INT8_KERNELS,
     DYNAMIC_INT8_SCHEMAS,
+    DYNAMIC_INT8_SPECIALIZED,
 )
 from exportir.runtime.backends.fused_cpu.gemv import RowLinear
 from exportir.runtime.backends.fused_cpu.quantized import (
@@ -176,6 +177,38 @@ def _specialized(fn: Callable[..., Any], specialize: Callable[..., Any]
         return Call("call", fn, args, kwargs)
 
     return bind
+
+
+_INDEX_PUT = torch.ops.aten.index_put.default
+
+
+class _IndexPutDim:
+    """``index_put(x, [None] * dim + [index], values)`` (a KV-cache write at the decode step's
+    positions) through ``Tensor.index_copy``, about half the cost a call. ``index_copy`` takes
+    only what it computes the same way (an int64 index of one dim, in range, values of the exact
+    shape and dtype) and raises for the rest (negative or bool indices, broadcast values):
+    those run ``index_put`` itself."""
+
+    __slots__ = ("dim",)
+
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+
+    def __call__(self, x: Any, index: Any, values: Any) -> Any:
+        if type(index) is torch.Tensor and index.dim() == 1:
+            try:
+                return x.index_copy(self.dim, index, values)
+            except (IndexError, RuntimeError):
+                pass
+        return _INDEX_PUT(x, [None] * self.dim + [index], values)
+
+
+def _index_put(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
+    x, indices, values, accumulate = (*args, False)[:4]
+    if (not kwargs and accumulate is False and isinstance(indices, list) and indices
+            and isinstance(indices[-1], Ref) and all(i is None for i in indices[:-1])):
+        return Call("call", _IndexPutDim(len(indices) - 1), (x, indices[-1], values))
+    return Call("call", _INDEX_PUT, args, kwargs)
 
 
 class AttentionShapeError(ValueError):
@@ -443,14 +476,14 @@ KERNELS: dict[str, Kernel] = {
         aten.embedding.default aten.index_select.default
         aten.gather.default aten.scatter_add.default aten.slice_scatter.default
         aten.flip.default aten.full.default aten.full_like.default aten.scalar_tensor.default
-        aten.arange.start_step
+        aten.arange.start_step aten.roll.default
     """),
     # torch.index_put / Tensor.index_put refuse None indices: the overloads take them
     # torch.add(x, 2, 3) would be the deprecated add(input, alpha, other)
     "aten.add.Scalar": Kernel(torch.add, keywords=("alpha",)),
     "aten.sub.Scalar": Kernel(torch.sub, keywords=("alpha",)),
     "aten.index.Tensor": Kernel(torch.ops.aten.index.Tensor),
-    "aten.index_put.default": Kernel(torch.ops.aten.index_put.default),
+    "aten.index_put.default": Kernel(_INDEX_PUT, bind=_index_put),
     "aten.repeat.default": Kernel(_T.repeat, splat=True),
     "aten._native_batch_norm_legit_functional.default": Kernel(_bn_functional),
     **_LAYOUT,
@@ -466,7 +499,8 @@ KERNELS: dict[str, Kernel] = {
                     if name in QUANTIZED_SPECIALIZED else None)
        for name, (fn, prepare) in QUANTIZED_KERNEL_FNS.items()},
     # dynamically quantized int8 linear on fbgemm, float32 math without it (.dynamic_int8)
-    **{name: Kernel(fn, prepare=prepare) for name, (fn, prepare) in DYNAMIC_INT8_KERNELS.items()},
+    **{name: Kernel(fn, prepare=prepare, bind=_specialized(fn, DYNAMIC_INT8_SPECIALIZED[name]))
+       for name, (fn, prepare) in DYNAMIC_INT8_KERNELS.items()},
 }  # fmt: skip
 
 OPS: frozenset[str] = frozenset(KERNELS)

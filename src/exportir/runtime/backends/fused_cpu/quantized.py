@@ -310,9 +310,11 @@ class StaticQConv:
     constants, checked once at load (:func:`_prepare_qconv`): called as ``(qx, bias)``, it
     checks only what changes between calls (the input's dtype and size, a bias handed in) and
     calls oneDNN with arguments built at load; ``_qconv`` spent ~18 us per call re-checking
-    and rebuilding them (a MobileNetV2 runs 52). The first call of an input shape packs the
-    weight again for that shape (:func:`_pack_qconv`; the blob does not hold value shapes, so
-    load cannot) and later calls of that shape use it."""
+    and rebuilding them (a MobileNetV2 runs 52). The first call packs the weight again for its
+    input shape (:func:`_pack_qconv`; the blob does not hold value shapes, so load cannot) in
+    place of the one packed at load; calls of other shapes (a dynamic-shape program) use that
+    one too (oneDNN reorders it when it must; packing per shape would repack on every call
+    of alternating shapes)."""
 
     __slots__ = ("_args", "_bias", "_c", "_least", "_n", "_sized", "_x_zp", "weight")
 
@@ -359,7 +361,7 @@ class StaticQConv:
 
     def _pack_for(self, x_zp: int, shape: torch.Size) -> torch.Tensor:
         w = self.weight
-        if w.plain is None:  # nothing to pack again from: the weight packed at load
+        if self._sized[0] is not None or w.plain is None:  # packed for a shape already
             return w.packed if x_zp == w.key[1] else w.for_key((w.key[0], x_zp, *w.key[2:]))
         packed = _pack_qconv(w.plain, w.scales, w.key[0], x_zp, *w.key[2:], x_shape=shape).packed
         if x_zp == w.key[1]:  # replaces the one packed at load (not kept twice)

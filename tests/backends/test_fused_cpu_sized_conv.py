@@ -59,3 +59,17 @@ def test_a_weight_that_is_no_constant_runs_the_plain_op():
     args = (Ref(0), Ref(1), None, [0, 0], [1, 1], [1, 1], 1, "none", [], None)
     call = bind(UNARY, args, {}, False, _constant({}))
     assert call.fn is KERNELS[UNARY].fn and call.args[1] == Ref(1)
+
+
+def test_an_input_that_does_not_fit_is_reported_and_packs_nothing():
+    """A first call whose input oneDNN cannot pack for (5 channels for a 4-channel weight)
+    fails in the convolution, naming the problem; a later call that fits packs and runs."""
+    w = torch.randn(8, 4, 3, 3)
+    args = (Ref(0), Ref(1), None, [0, 0], [1, 1], [1, 1], 1, "none", [], None)
+    call = bind(UNARY, args, {}, False, _constant({1: w}))
+    with pytest.raises(RuntimeError):
+        call.fn(torch.randn(1, 5, 6, 6), *call.args[1:])
+    assert call.fn.weight.packed is None
+    x = torch.randn(1, 4, 6, 6)
+    torch.testing.assert_close(call.fn(x, *call.args[1:]), F.conv2d(x, w), rtol=1e-4, atol=1e-4)
+    assert call.fn.weight.packed.is_mkldnn

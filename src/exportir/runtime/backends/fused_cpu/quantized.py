@@ -363,7 +363,11 @@ class StaticQConv:
         w = self.weight
         if self._sized[0] is not None or w.plain is None:  # packed for a shape already
             return w.packed if x_zp == w.key[1] else w.for_key((w.key[0], x_zp, *w.key[2:]))
-        packed = _pack_qconv(w.plain, w.scales, w.key[0], x_zp, *w.key[2:], x_shape=shape).packed
+        try:
+            packed = _pack_qconv(w.plain, w.scales, w.key[0], x_zp, *w.key[2:],
+                                 x_shape=shape).packed
+        except RuntimeError:  # oneDNN refuses the shape: the convolution reports it
+            return w.packed if x_zp == w.key[1] else w.for_key((w.key[0], x_zp, *w.key[2:]))
         if x_zp == w.key[1]:  # replaces the one packed at load (not kept twice)
             w.packed = packed
         self._sized = (x_zp, shape, packed)

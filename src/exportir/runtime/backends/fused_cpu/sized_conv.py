@@ -53,8 +53,8 @@ class SizedConvWeight:
         try:
             packed = torch.ops.mkldnn._reorder_convolution_weight(self.plain, *self._geometry,
                                                                   size)
-        except RuntimeError:
-            packed = self.plain  # the convolution reports what is wrong with its arguments
+        except RuntimeError:  # an input that does not fit: the convolution reports it
+            return self.plain
         self._packed = packed
         return packed
 

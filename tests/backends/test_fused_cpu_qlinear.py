@@ -146,8 +146,9 @@ QCONV = "onednn.qconv_pointwise.default"
 @pytest.mark.skipif(QCONV not in KERNELS, reason="torch built without oneDNN's qconv")
 def test_qconv_weight_packed_at_load_serves_int8_and_uint8_inputs():
     """oneDNN packs a convolution weight for the input zero point it sees (an int8 input's +
-    128); load guesses the input's dtype from the zero point and a call with the other packs
-    once more: both give what the weight packed at the call gives."""
+    128); load guesses the input's dtype from the zero point (the key the first call packs
+    for) and a call with the other packs once more: both give what the weight packed at the
+    call gives."""
     torch.manual_seed(5)
     w = torch.randint(-127, 128, (8, 4, 3, 3), dtype=torch.int8)
     ws = torch.rand(8) * 0.01 + 1e-3
@@ -183,11 +184,11 @@ def test_qconv_weight_packed_at_load_serves_int8_and_uint8_inputs():
 
 @pytest.mark.skipif(QCONV not in KERNELS, reason="torch built without oneDNN's qconv")
 def test_qconv_weight_packed_again_for_each_input_shape():
-    """The weight packed at load (no input shape: oneDNN guesses one, and a call of another
-    shape reorders the weight every time) is packed again by the first call, for its shape,
-    and replaced; later calls reuse it, of other shapes too (no repacking when shapes
-    alternate). Results equal the unpacked weight's at every shape (96 -> 576 at 14x14 is a
-    shape whose layout differs from the guess's on AVX-512)."""
+    """The weight is not packed at load (without an input shape oneDNN guesses one, and a
+    call of another shape reorders the weight every time) but by the first call, for its
+    shape; later calls reuse it, of other shapes too (no repacking when shapes alternate).
+    Results equal the unpacked weight's at every shape (96 -> 576 at 14x14 is a shape whose
+    layout differs from the guess's on AVX-512)."""
     torch.manual_seed(6)
     w = torch.randint(-127, 128, (576, 96, 1, 1), dtype=torch.int8)
     ws = torch.rand(576) * 0.01 + 1e-3
@@ -196,7 +197,7 @@ def test_qconv_weight_packed_again_for_each_input_shape():
     tail = [0.1, 3, torch.uint8, "relu", [], ""]
     call = bind(QCONV, (Ref(0), X_SCALE, 5, Ref(1), Ref(2), Ref(3), None, *geometry, *tail), {},
                 False, lambda r: constants.get(r.slot) if isinstance(r, Ref) else None)
-    at_load = call.fn.weight.packed
+    assert call.fn.weight.packed is None
     plain, b = KERNELS[QCONV].fn, torch.randn(576)
     seen = []
     for hw in (14, 14, 7, 14):
@@ -204,4 +205,4 @@ def test_qconv_weight_packed_again_for_each_input_shape():
         want = plain(x, X_SCALE, 5, w, ws, constants[3], b, *geometry, *tail)
         assert torch.equal(call.fn(x, b), want)
         seen.append(call.fn.weight.packed)
-    assert seen[0] is not at_load and all(p is seen[0] for p in seen)
+    assert seen[0].is_mkldnn and all(p is seen[0] for p in seen)

@@ -261,8 +261,8 @@ def _pack_qconv(w: torch.Tensor, w_scales: torch.Tensor, x_scale: float, x_zp: i
                 x_shape: Sequence[int] | None = None) -> PackedConvWeight:
     """oneDNN's packed form of ``w``; with the input's ``x_shape`` it is the layout the
     convolution of that shape reads as it is (packed without it, oneDNN picks a layout for a
-    guessed shape and reorders the weight on every call whose shape wants another one: 24 of
-    MobileNetV2's 52 int8 convolutions, up to 2x their time)."""
+    guessed shape and reorders the weight on every call whose shape wants another one: up to
+    2x a convolution's time, 96 -> 576 channels at 14x14 196 vs 94 us)."""
     key = _qconv_key(x_scale, x_zp, stride, padding, dilation, groups)
     packed = torch.ops.onednn.qconv_prepack(w.contiguous(), w_scales.float(), key[0], key[1],
                                             list(stride), list(padding), list(dilation), groups,

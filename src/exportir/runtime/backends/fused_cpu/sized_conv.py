@@ -4,9 +4,9 @@ call's input shape.
 oneDNN's blocked weight layout depends on the input shape. Packed without one (as load would
 have to: the blob does not hold value shapes), oneDNN picks the layout for a guessed shape, and
 a convolution of a shape that wants another layout reorders the weight on every call, or runs
-a slower kernel on it: re-packing each of MobileNetV2's convolution weights for its real input
-took their summed time from 8.28 to 8.03 ms (1 thread, AVX-512; 1x1 convolutions with 64 or
-960 outputs gain 5-15%). So the weight is packed once, at the first call, for that call's
+a slower kernel on it: packing each of MobileNetV2's convolution weights for its real input
+took their summed time (each timed alone) from 8.07 to 7.92 ms (1 thread, AVX-512; 1x1
+convolutions with 64 outputs gain ~10%). So the weight is packed once, at the first call, for that call's
 input; calls of other shapes (a dynamic-shape program) run on the same packed weight, which
 oneDNN reorders when it must (results are the same).
 

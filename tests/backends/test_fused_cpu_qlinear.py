@@ -162,8 +162,9 @@ QCONV = "onednn.qconv_pointwise.default"
 @pytest.mark.skipif(QCONV not in KERNELS, reason="torch built without oneDNN's qconv")
 def test_qconv_weight_packed_at_load_serves_int8_and_uint8_inputs():
     """oneDNN packs a convolution weight for the input zero point it sees (an int8 input's +
-    128); load guesses the input's dtype from the zero point and a call with the other packs
-    once more: both give what the weight packed at the call gives."""
+    128); load guesses the input's dtype from the zero point (the key the first call packs
+    for) and a call with the other packs once more: both give what the weight packed at the
+    call gives."""
     torch.manual_seed(5)
     w = torch.randint(-127, 128, (8, 4, 3, 3), dtype=torch.int8)
     ws = torch.rand(8) * 0.01 + 1e-3
@@ -195,3 +196,29 @@ def test_qconv_weight_packed_at_load_serves_int8_and_uint8_inputs():
     b.resize_(7)  # the same tensor, changed: checked again
     with pytest.raises(QuantizedKernelError, match="bias must be float32 with 8 elements"):
         call.fn(qx, b)
+
+
+@pytest.mark.skipif(QCONV not in KERNELS, reason="torch built without oneDNN's qconv")
+def test_qconv_weight_packed_again_for_each_input_shape():
+    """The weight is not packed at load (without an input shape oneDNN guesses one, and a
+    call of another shape reorders the weight every time) but by the first call, for its
+    shape; later calls reuse it, of other shapes too (no repacking when shapes alternate).
+    Results equal the unpacked weight's at every shape (96 -> 576 at 14x14 is a shape whose
+    layout differs from the guess's on AVX-512)."""
+    torch.manual_seed(6)
+    w = torch.randint(-127, 128, (576, 96, 1, 1), dtype=torch.int8)
+    ws = torch.rand(576) * 0.01 + 1e-3
+    constants = {1: w, 2: ws, 3: torch.zeros(576, dtype=torch.int64)}
+    geometry = [[1, 1], [0, 0], [1, 1], 1]
+    tail = [0.1, 3, torch.uint8, "relu", [], ""]
+    call = bind(QCONV, (Ref(0), X_SCALE, 5, Ref(1), Ref(2), Ref(3), None, *geometry, *tail), {},
+                False, lambda r: constants.get(r.slot) if isinstance(r, Ref) else None)
+    assert call.fn.weight.packed is None
+    plain, b = KERNELS[QCONV].fn, torch.randn(576)
+    seen = []
+    for hw in (14, 14, 7, 14):
+        x = torch.randint(0, 256, (1, 96, hw, hw), dtype=torch.uint8)
+        want = plain(x, X_SCALE, 5, w, ws, constants[3], b, *geometry, *tail)
+        assert torch.equal(call.fn(x, b), want)
+        seen.append(call.fn.weight.packed)
+    assert seen[0].is_mkldnn and all(p is seen[0] for p in seen)

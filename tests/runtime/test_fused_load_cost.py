@@ -23,9 +23,11 @@ from exportir.runtime.backends.fused_cpu import (
     plan,
     quantized,
     rnn,
+    sized_conv,
 )
 from exportir.runtime.backends.fused_cpu import format as blob_format
 from exportir.runtime.backends.fused_cpu.kernels import KERNELS, Ref, bind, normalize
+from exportir.runtime.backends.fused_cpu.sized_conv import ConvPointwise
 
 
 def test_signature_table_agrees_with_torch_schemas():
@@ -72,7 +74,7 @@ def test_ref_is_an_immutable_hashable_value():
 
 
 @pytest.mark.parametrize("module", [executor, blob_format, kernels, limits, plan, quantized, rnn,
-                                    dynamic_int8])
+                                    dynamic_int8, sized_conv])
 def test_fused_value_types_are_not_dataclasses(module):
     # a frozen dataclass compiles its methods from source when its module is imported (~0.6 ms
     # a class, paid by the first load of every fused program): keep them out of this package
@@ -91,11 +93,12 @@ def test_a_packed_weight_is_the_only_copy_next_to_the_program_bytes():
     handle = program._handles[0][1]
     start = torch.frombuffer(data, dtype=torch.uint8).data_ptr()
     held = [v for v in handle.fn.__globals__.values() if isinstance(v, torch.Tensor)]
-    packed = [t for t in held if t.is_mkldnn]
-    dense = [t for t in held if not t.is_mkldnn]
-    assert len(packed) == 1  # the weight, in oneDNN's layout
-    for t in (*dense, *(c for _, c in handle.constants)):  # every dense tensor views the file
-        assert start <= t.data_ptr() < start + len(data)
+    (conv,) = [v for v in handle.fn.__globals__.values() if isinstance(v, ConvPointwise)]
+    assert not any(t.is_mkldnn for t in held) and conv.weight.packed is None
     x = torch.randn(1, 3, 5, 5)
     expected = torch.nn.functional.conv2d(x, weight)
     torch.testing.assert_close(program.method()(x)[0], expected, rtol=1e-4, atol=1e-4)
+    assert conv.weight.packed.is_mkldnn  # packed by the first call, for its input
+    # every dense tensor views the file (the weight packing started from, too)
+    for t in (*held, conv.weight.plain, *(c for _, c in handle.constants)):
+        assert start <= t.data_ptr() < start + len(data)

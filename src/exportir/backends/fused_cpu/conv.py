@@ -13,8 +13,9 @@ becomes (``_nn`` kernels, 1-D ones through a size-1 height):
 
 Larger 2-D convolutions with a constant weight, and grouped (depthwise) 2-D ones at every size,
 become oneDNN's ``mkldnn::_convolution_pointwise`` (the executor packs the weight into oneDNN's
-blocked layout once, at load, instead of on every call), and a ``relu`` after one, or an ``add``
-of a tensor of the same shape (then a ``relu``: a residual block's tail), joins it. A 1x1
+blocked layout once, by the first call, for its input shape, instead of on every call), and a
+``relu`` after one, or an ``add`` of a tensor of the same shape (then a ``relu``: a residual
+block's tail), joins it. A 1x1
 convolution of a 1x1 image (a squeeze-excite block's) is a ``linear`` of the reshaped weight.
 
 Results match ``convolution`` up to float rounding (another summation order).

@@ -8,7 +8,8 @@ Keyed on the ``linear`` the generic rewrites rebuild from ``addmm`` / ``mm``:
 - **static int8 convolution** -- ``quantize_per_tensor(convolution(dequantize_per_tensor(qx),
   dequantize_per_channel(W8), b))`` (2-D, not transposed), with an optional ``relu`` before the
   quantize (or a ``hardtanh``: ``relu6``), becomes ``onednn.qconv_pointwise(qx, ..., W8, ...)``
-  writing int8 (post op ``relu`` / ``hardtanh``); the weight is packed at load (``onednn.qconv_prepack``);
+  writing int8 (post op ``relu`` / ``hardtanh``); the weight is packed at load
+  (``onednn.qconv_prepack``) and again, for its input shape, by the first call;
 - **dynamic int8 on fbgemm** -- the whole dynamic chain ``linear(dequantize_per_tensor.tensor(
   quantize_per_tensor.tensor(x, *choose_qparams.tensor(x, -128, 127, eps, int8))),
   dequantize_per_channel(W8), b)`` (an optional ``relu`` after it absorbed) becomes one

@@ -44,6 +44,11 @@ from exportir.runtime.backends.fused_cpu.quantized import (
     define_library,
 )
 from exportir.runtime.backends.fused_cpu.rnn import RNN_KERNELS, RNN_PER_OP, RnnShapeError
+from exportir.runtime.backends.fused_cpu.sized_conv import (
+    ConvBinary,
+    ConvPointwise,
+    SizedConvWeight,
+)
 
 __all__ = [
     "INPLACE",
@@ -334,9 +339,10 @@ def _ints_of_length(x: Any, n: int) -> bool:
 
 
 def _packer(weight_at: int, padding_at: int) -> Callable[..., tuple[Any, ...]]:
-    """Pack a constant convolution weight for oneDNN once, at load (same values, blocked
-    layout); a weight that is no constant, arguments it cannot be packed for, or a failed
-    packing, leave it as it is (the op then reports bad arguments when it runs)."""
+    """A constant convolution weight becomes a :class:`.sized_conv.SizedConvWeight`, packed
+    for oneDNN by the first call (for its input shape; :mod:`.sized_conv`); a weight that is
+    no constant, or arguments it cannot be packed for, stay as they are (the op then reports
+    bad arguments when it runs)."""
 
     def prepare(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> tuple[Any, ...]:
         if weight_at == 1:  # the unary form: its post-op and scalars are read unchecked
@@ -345,31 +351,38 @@ def _packer(weight_at: int, padding_at: int) -> Callable[..., tuple[Any, ...]]:
             except AttrError as e:
                 raise SchemaMismatch(str(e)) from None
         weight = constant(args[weight_at])
-        if weight is None or not _MKLDNN:
+        if weight is None or not _MKLDNN or weight.dtype != torch.float32:
             return args
         padding, stride, dilation, groups = args[padding_at : padding_at + 4]
-        if not _packable(weight, padding, stride, dilation, groups):
+        if not _packable(weight, padding, stride, dilation, groups) or weight.dim() != 4:
             return args
-        try:
-            packed = torch.ops.mkldnn._reorder_convolution_weight(
-                weight, padding, stride, dilation, groups
-            )
-        except (RuntimeError, TypeError):
-            return args
-        return (*args[:weight_at], packed, *args[weight_at + 1 :])
+        sized = SizedConvWeight(weight, padding, stride, dilation, groups)
+        return (*args[:weight_at], sized, *args[weight_at + 1 :])
 
     return prepare
 
 
+def _sized_call(weight_at: int, make: Callable[..., Any]) -> Callable[..., Any]:
+    """The binding of a convolution whose weight :func:`_packer` made a ``SizedConvWeight``:
+    a :mod:`.sized_conv` kernel called without the weight."""
+
+    def specialize(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        weight = args[weight_at] if len(args) > weight_at else None
+        if kwargs or not isinstance(weight, SizedConvWeight):
+            return None
+        return make(weight), (*args[:weight_at], *args[weight_at + 1 :])
+
+    return specialize
+
+
 def _mkldnn_kernels() -> dict[str, Kernel]:
     ops = torch.ops.mkldnn._convolution_pointwise if _MKLDNN else None
+    unary, binary = (ops.default, ops.binary) if ops else (_conv_pointwise, _conv_binary)
     return {
-        "mkldnn._convolution_pointwise.default": Kernel(
-            ops.default if ops else _conv_pointwise, prepare=_packer(1, 3)
-        ),
-        "mkldnn._convolution_pointwise.binary": Kernel(
-            ops.binary if ops else _conv_binary, prepare=_packer(2, 4)
-        ),
+        "mkldnn._convolution_pointwise.default": Kernel(unary, prepare=_packer(1, 3), bind=(
+            _specialized(unary, _sized_call(1, lambda w: ConvPointwise(unary, w))))),
+        "mkldnn._convolution_pointwise.binary": Kernel(binary, prepare=_packer(2, 4), bind=(
+            _specialized(binary, _sized_call(2, lambda w: ConvBinary(binary, w))))),
     }
 
 

@@ -40,12 +40,6 @@ ATTENTION_GRAD_LAYOUT = (
     "its module() runs with grad enabled (test_attention_with_a_grad_mask_runs_with_grad). "
     "exportir keeps the layout of the run it captured."
 )
-DEAD_NODE_NAME_GAPS = (
-    "names only (ops agree): nodes one side makes and then drops as dead code use up name "
-    "counters -- both functionalizations regenerate views of written tensors and drop the "
-    "unused ones, not always the same ones; torch's drops views of a flatten input, of buffers "
-    "written in place."
-)
 
 
 def _names(text: str) -> set[str]:
@@ -65,75 +59,7 @@ NAME_DIFFERENCES: dict[str, tuple[set[str], set[str], str]] = {
     "real:t5_encoder": (_names("clone_10 clone_11"), set(), ATTENTION_GRAD_LAYOUT),
     "real:t5": (_names("clone_22 clone_23 clone_24 clone_25"), set(), ATTENTION_GRAD_LAYOUT),
     "real:swin": (_names("clone_6 clone_12 clone_13"), _names("clone_7"), ATTENTION_GRAD_LAYOUT),
-    "real:mixtral": (
-        _names(
-            "view_7 view_19 "
-        ),
-        _names(
-            "view_22 view_23 "
-        ),
-        DEAD_NODE_NAME_GAPS,
-    ),
-    "real:speech_to_text": (_names("detach_3"), _names("detach_1"), DEAD_NODE_NAME_GAPS),
-    "real:beit": (
-        _names(
-            "clone_15 clone_16 select_2 select_4 select_5 select_8 select_10 select_14 select_16 "
-            "select_17 select_22 select_23 select_25 select_29 select_30 select_33 select_35 "
-            "select_39 view_4 view_15 "
-        ),
-        _names(
-            "select_3 select_7 select_13 select_15 select_28 select_32 select_34 select_40 "
-            "select_43 select_44 select_46 select_49 select_52 select_57 select_58 select_59 "
-            "view_21 view_22 "
-        ),
-        DEAD_NODE_NAME_GAPS + " " + ATTENTION_GRAD_LAYOUT,
-    ),
-    "real:timm_mobilenetv3": (_names("view"), _names("view_1"), DEAD_NODE_NAME_GAPS),
-    "real:timm_ghostnet": (
-        _names(
-            "alias_65 alias_66 alias_67 alias_68 alias_70 alias_71 alias_72 alias_73 alias_75 "
-            "alias_76 alias_77 alias_78 view "
-        ),
-        _names(
-            "alias_4 alias_9 alias_14 alias_19 alias_24 alias_29 alias_34 alias_39 alias_44 "
-            "alias_49 alias_54 alias_59 view_1 "
-        ),
-        DEAD_NODE_NAME_GAPS,
-    ),
-    "real:tv_convnext_tiny": (
-        _names(
-            "permute_8 permute_17 permute_38 "
-        ),
-        _names(
-            "permute_46 permute_47 permute_48 "
-        ),
-        DEAD_NODE_NAME_GAPS,
-    ),
-    "real:tv_swin_t": (
-        _names(
-            "permute_8 slice_8 slice_9 slice_10 slice_14 slice_15 slice_18 slice_23 slice_24 "
-            "slice_25 slice_30 slice_33 slice_34 slice_38 slice_39 slice_40 slice_48 slice_49 "
-            "slice_50 slice_54 slice_55 slice_56 slice_57 slice_58 slice_62 slice_63 slice_64 "
-            "slice_65 slice_66 slice_70 slice_71 view_7 view_8 "
-        ),
-        _names(
-            "permute_51 slice_11 slice_12 slice_21 slice_27 slice_36 slice_37 slice_94 slice_95 "
-            "slice_96 slice_97 slice_98 slice_99 slice_100 slice_101 slice_102 slice_103 slice_104 "
-            "slice_105 slice_106 slice_107 slice_108 slice_109 slice_110 slice_111 slice_112 "
-            "slice_113 slice_114 slice_115 slice_116 slice_117 view_72 view_73 "
-        ),
-        DEAD_NODE_NAME_GAPS,
-    ),
-    "export:gpt_kv_cache": (
-        _names(
-            "transpose_1 transpose_5 "
-        ),
-        _names(
-            "transpose_6 transpose_7 "
-        ),
-        DEAD_NODE_NAME_GAPS,
-    ),
-    "export:buffer_slice_assign": (_names("slice_3"), _names("slice_4"), DEAD_NODE_NAME_GAPS),
+    "real:beit": (_names("clone_15 clone_16"), set(), ATTENTION_GRAD_LAYOUT),
 }
 
 

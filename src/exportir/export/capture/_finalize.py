@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from exportir.export.capture._node_meta import AUTOGRAD_DETACH, node_name
 from exportir.export.capture.functionalize import (
     Functionalizer,
     Unchanged,
@@ -56,8 +57,17 @@ def finalize(
     out.meta["val"] = tuple(_val(a) for a in out.args[0])
     _order_placeholders(graph, lifted_of)
     graph.eliminate_dead_code()
+    _name_kept_detaches(graph)
     signature = _signature(graph, lifted_of, mutations, user_outputs)
     return _LazyGraphModule(torch.nn.Module(), graph), signature
+
+
+def _name_kept_detaches(graph: Graph) -> None:
+    """A detach recorded as autograd's (recorder.AUTOGRAD_DETACH) that the program uses after
+    all was the user's: it gets a detach's name (the graph was used as recorded)."""
+    for node in graph.find_nodes(op="call_function", target=torch.ops.aten.detach.default):
+        if node.name.startswith(AUTOGRAD_DETACH):
+            node._rename(node_name(node.target))
 
 
 def _functionalize(

@@ -32,6 +32,13 @@ _TORCH_INIT = torch.__file__
 _TORCH_LIBRARY_DIR = _TORCH_INIT.rsplit("/", 1)[0] + "/_library/"
 
 
+# Autograd saves the result of an op whose backward reads it (relu, sigmoid, exp) by detaching
+# it, right after the op: capture, below autograd, records that detach; torch.export, tracing
+# above autograd, never sees it. It is dead code, recorded under a name of its own so that it
+# does not use up the counter of the user's own detaches (functionalization drops it unnamed).
+AUTOGRAD_DETACH = "autograd_detach"
+
+
 def node_name(target: Any) -> str:
     """The name torch.export gives a node calling ``target`` before de-duplication: the op's
     name, dunders stripped and snake-cased (``aten.__and__.Tensor`` -> ``and`` -> ``and_1``)."""

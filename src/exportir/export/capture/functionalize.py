@@ -335,10 +335,17 @@ class Functionalizer:
     def read(self, n: Node) -> Node:
         """The new node holding ``n``'s current value; a view of a storage written since it
         was last read is regenerated from the storage's value (its whole chain, as torch)."""
-        alias = self.alias[self.resolve(n)]
+        n = self.resolve(n)
+        alias = self.alias[n]
         version = self.version[alias.owner]
         if alias.version != version:
-            alias.value = self._replay(alias.owner, alias.chain)
+            origin = self.origin
+            if origin is None or origin.op == "output":  # replayed for the output: the view's
+                self.origin = n  # own source line and module
+            try:
+                alias.value = self._replay(alias.owner, alias.chain)
+            finally:
+                self.origin = origin
             alias.version = version
         return alias.value
 
@@ -471,7 +478,11 @@ class Functionalizer:
         of = self.alias[self.resolve(base)]
         step = ViewStep(n.target, tuple(n.args[1:]), dict(n.kwargs), of.val, n.meta.get("val"))
         chain = of.chain + (step,)
-        self.alias[n] = _Alias(of.owner, chain, step.val, new, self.version[of.owner])
+        version = self.version[of.owner]
+        # torch's view of a storage written before starts out of date: its first use replays
+        # the chain from the storage's value, and the view made here is left dead (the same
+        # nodes, so the same name counters, as torch)
+        self.alias[n] = _Alias(of.owner, chain, step.val, new, version if version == 0 else -1)
 
     # -- in-place changes of a tensor's layout ------------------------------------------------
 
@@ -685,18 +696,36 @@ def functionalize(old: Graph, describe: Describe | None = None) -> tuple[Functio
 
 
 def _autograd_saved_input(n: Node) -> bool:
-    """``n`` is the copy autograd makes of an in-place op's input whose backward needs it
-    (``silu_`` on a tensor requiring grad): an unused ``clone`` of the tensor the next node
-    writes in place. Capture runs below autograd, so it records the copy; torch.export, tracing
-    above autograd, never sees it. Dropping it here (it is dead code either way) keeps the name
-    counters of the nodes after it equal to torch's."""
-    if n.target is not aten.clone.default or n.users or not n.args:
+    """``n`` is a tensor autograd makes around an in-place op on a tensor requiring grad:
+    the copy of the op's input its backward needs (an unused ``clone`` of the tensor the next
+    node writes: ``silu_``), the result it saves (an unused ``detach`` of the node before:
+    ``relu``, ``sigmoid``), or the alias of the base it re-records history on after writing
+    through a view (an unused ``alias`` of the written view's base, right after the write).
+    Capture runs below autograd, so it records them; torch.export, tracing above autograd,
+    never sees them. Dropping them here (they are dead code either way) keeps the name
+    counters of the nodes after them equal to torch's."""
+    if n.users or not n.args or not isinstance(n.args[0], Node):
         return False
-    val = getattr(n.args[0], "meta", {}).get("val")
+    val = n.args[0].meta.get("val")
     if not (isinstance(val, torch.Tensor) and val.requires_grad):  # autograd saves nothing
         return False
-    nxt = n.next
-    if nxt.op != "call_function" or not nxt.args or nxt.args[0] is not n.args[0]:
+    if n.target is aten.clone.default:
+        return writes_in_place(n.next) and n.next.args[0] is n.args[0]
+    if n.target is aten.alias.default:
+        prev = n.prev
+        return writes_in_place(prev) and view_base(prev.args[0]) is n.args[0]
+    if n.target is aten.detach.default:  # the result saved for backward (recorder.py)
+        return made_by(n.prev, n.args[0])
+    return False
+
+
+def made_by(n: Node, value: Node) -> bool:
+    """``value`` is what node ``n`` just made: its result, or the input it wrote in place."""
+    return n is value or (writes_in_place(n) and n.args[0] is value)
+
+
+def writes_in_place(n: Node) -> bool:
+    if n.op != "call_function" or not n.args or not isinstance(n.args[0], Node):
         return False
-    schema = getattr(nxt.target, "_schema", None)
-    return schema is not None and schema.name.endswith("_") and _written_args(nxt.target) == (0,)
+    schema = getattr(n.target, "_schema", None)
+    return schema is not None and schema.name.endswith("_") and _written_args(n.target) == (0,)

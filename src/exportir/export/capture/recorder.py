@@ -41,6 +41,7 @@ from exportir.export.capture._inputs import bind_inputs, flatten_with_names, for
 from exportir.export.capture._layout_watch import LayoutWatch
 from exportir.export.capture._module_state import ModuleState
 from exportir.export.capture._node_meta import (
+    AUTOGRAD_DETACH,
     ModuleCalls,
     TorchFunctions,
     current_stack_trace,
@@ -59,7 +60,7 @@ from exportir.export.capture.fake import (
     fakify,
     run_fake,
 )
-from exportir.export.capture.functionalize import view_base
+from exportir.export.capture.functionalize import made_by, view_base
 from exportir.export.signature import ModuleCallEntry, ModuleCallSignature
 from exportir.fx import Graph, GraphModule, Node
 from exportir.symbolic import ShapeEnv
@@ -285,12 +286,16 @@ class Recorder:
         return out
 
     def record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> Node:
+        node_args = self.as_arg(tuple(args))
+        name = node_name(func)
+        if func is aten.detach.default and _saves_result(self.graph, node_args[0]):
+            name = AUTOGRAD_DETACH
         node = self.graph.create_node(
             "call_function",
             func,
-            self.as_arg(tuple(args)),
+            node_args,
             {k: self.as_arg(v) for k, v in kwargs.items()},
-            name=node_name(func),
+            name=name,
         )
         self._fill_meta(node, func, _as_val(out))
         env = self.shape_env
@@ -385,6 +390,14 @@ class CaptureMode(TorchDispatchMode):
 
 
 # --- special ops -------------------------------------------------------------------------
+
+
+def _saves_result(graph: Any, arg: Any) -> bool:
+    """``detach(arg)`` right after ``arg`` was made, of a result that requires grad."""
+    if not isinstance(arg, Node) or not made_by(graph._root._prev, arg):
+        return False
+    val = arg.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.requires_grad
 
 
 def _lift_fresh(rec: Recorder, func: Any, args: tuple, kwargs: dict) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 
 import pytest
 import torch
@@ -74,3 +75,30 @@ def test_collector_is_restored_after_a_load_and_a_failed_load(enabled):
         assert gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def _resident_bytes_of(path: str) -> int:
+    """Resident bytes of this process's mappings of ``path`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and not head[0].endswith(":"):  # a mapping's first line
+                inside = len(head) >= 6 and head[5] == path
+            elif inside and head[0] == "Rss:":
+                total += int(head[1]) * 1024
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+def test_a_file_load_leaves_only_what_the_program_reads_resident(tmp_path):
+    # loading reads the whole mapped file (checksum, validation): its pages then leave this
+    # process's resident memory (they stay cached); a call maps back only what it reads
+    weight = torch.randn(1024, 1024)  # 4 MiB
+    path = tmp_path / "add.xpt"
+    path.write_bytes(delegated_file(fused_blob(_ADD, weight), (1024, 1024), (1024, 1024)))
+    program = Program.load(path)
+    assert _resident_bytes_of(str(path)) < 1 << 20
+    x = torch.randn(1024, 1024)
+    torch.testing.assert_close(program.method()(x)[0], x + weight)  # read back from the file
+    assert _resident_bytes_of(str(path)) >= 4 << 20

@@ -143,8 +143,11 @@ class Program:
             else:
                 program = serialize.deserialize_program(data, verify_data=verify_data,
                                                         limits=limits)  # fmt: skip
-            return cls(program, kernels=kernels, delegates=delegates, mapping=mapping,
-                       source=name, limits=limits)  # fmt: skip
+            loaded = cls(program, kernels=kernels, delegates=delegates, mapping=mapping,
+                         source=name, limits=limits)  # fmt: skip
+        if mapping is not None:
+            _release_pages(mapping)
+        return loaded
 
     @classmethod
     def from_schema(
@@ -301,6 +304,18 @@ def collector_paused() -> Iterator[None]:
             _collector["pauses"] -= 1
             if _collector["pauses"] == 0 and _collector["was_enabled"]:
                 gc.enable()
+
+
+def _release_pages(mapping: mmap.mmap | bytes) -> None:
+    """Take the mapped file's pages out of this process's resident memory once loading has
+    read them (checksum, validation, weight packing). The mapping is read-only and shared,
+    so nothing is lost: the pages stay in the kernel's page cache and are mapped again by
+    the next read of them (a constant a call reads). Resident memory then holds what the
+    program uses (packed weights, the constants calls read), not the whole file next to
+    its packed copy."""
+    if isinstance(mapping, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+        with contextlib.suppress(OSError, ValueError):
+            mapping.madvise(mmap.MADV_DONTNEED)
 
 
 def _map_file(path: str) -> mmap.mmap | bytes:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import keyword
 import sys
-from collections import namedtuple
 from collections.abc import Sequence
 from types import CodeType
 from typing import Any
@@ -49,6 +48,7 @@ from exportir.runtime.backends.fused_cpu.limits import (
     guard,
 )
 from exportir.runtime.backends.fused_cpu.plan import Plan, SlotError, inplace_hazard, plan, refs
+from exportir.runtime.backends.fused_cpu.records import record
 
 __all__ = ["FusedCpuExecutionError", "FusedProgram", "build", "run"]
 
@@ -58,8 +58,9 @@ class FusedCpuExecutionError(RuntimeError):
 
 
 class FusedProgram(
-    namedtuple("FusedProgram",
-               "num_values inputs outputs constants ops fn source code line_ops primes")
+    record(
+        "FusedProgram", "num_values inputs outputs constants ops fn source code line_ops primes"
+    )
 ):
     """A loaded blob (the runtime's delegate handle): ``fn(*inputs)`` runs it."""
 

@@ -29,12 +29,12 @@ import json
 import math
 import struct
 import warnings
-from collections import namedtuple
 from typing import Any
 
 import torch
 
 from exportir.runtime.backends.fused_cpu.kernels import KERNELS, Ref, SchemaMismatch, check_args
+from exportir.runtime.backends.fused_cpu.records import record
 
 __all__ = [
     "ALIGNMENT",
@@ -78,7 +78,7 @@ class FusedCpuBlobError(ValueError):
 
 
 class OpRow(
-    namedtuple("OpRow", "name node args kwargs outs multi inplace normalized", defaults=(None,))
+    record("OpRow", "name node args kwargs outs multi inplace normalized", defaults=(None,))
 ):
     """One decoded op: table name, arguments (``Ref`` for slots), output slots. ``normalized``:
     the arguments as :func:`.kernels.normalize` gives them, when decoding already made them
@@ -95,7 +95,7 @@ class OpRow(
     normalized: tuple[tuple[Any, ...], dict[str, Any]] | None
 
 
-class Blob(namedtuple("Blob", "num_values inputs outputs constants ops")):
+class Blob(record("Blob", "num_values inputs outputs constants ops")):
     """A decoded, validated blob."""
 
     __slots__ = ()
@@ -111,7 +111,7 @@ def fail(field: str, why: str) -> FusedCpuBlobError:
 
 
 def _int(x: Any, field: str, limit: int | None = None) -> int:
-    if not isinstance(x, int) or isinstance(x, bool) or x < 0 or (limit is not None and x >= limit):
+    if type(x) is not int or x < 0 or (limit is not None and x >= limit):  # JSON: no subclasses
         raise fail(field, f"expected an integer in [0, {limit}); got {x!r}")
     return x
 
@@ -122,10 +122,16 @@ def _list(x: Any, field: str) -> list[Any]:
     return x
 
 
+# the types JSON decodes scalars to (exactly these: json.loads makes no subclasses)
+_SCALARS = frozenset({type(None), bool, int, str, float})
+
+
 def _arg(x: Any, field: str, slots: int) -> Any:
-    if x is None or isinstance(x, (bool, int, str, float)):
+    if type(x) in _SCALARS:
         return x
-    if isinstance(x, list):
+    if type(x) is list:
+        if all(type(v) in _SCALARS for v in x):  # sizes, strides, ...: no per-item fields
+            return list(x)
         return [_arg(v, f"{field}[{i}]", slots) for i, v in enumerate(x)]
     if isinstance(x, dict) and len(x) == 1:
         ((kind, value),) = x.items()
@@ -167,8 +173,11 @@ def _op(entry: Any, i: int, slots: int, inplace: Any) -> OpRow:
                  normalized)
 
 
-def _constant(entry: Any, i: int, slots: int, data: torch.Tensor) -> tuple[int, torch.Tensor]:
-    """Constant ``i``: a view of ``data``, the blob's data segment as bytes (:func:`_bytes`)."""
+def _constant(
+    entry: Any, i: int, slots: int, data: torch.Tensor, start: tuple[int, int]
+) -> tuple[int, torch.Tensor]:
+    """Constant ``i``: a view of ``data``, the blob's data segment as bytes (:func:`_bytes`);
+    ``start``: ``data``'s address and storage offset."""
     field = f"constants[{i}]"
     row = _list(entry, field)
     if len(row) != 5:
@@ -178,7 +187,8 @@ def _constant(entry: Any, i: int, slots: int, data: torch.Tensor) -> tuple[int, 
     dtype = DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
     if dtype is None:
         raise fail(f"{field}.dtype", f"unknown dtype {dtype_name!r}")
-    dims = [_int(d, f"{field}.shape", 1 << 40) for d in _list(shape, f"{field}.shape")]
+    shape_field = f"{field}.shape"
+    dims = [_int(d, shape_field, 1 << 40) for d in _list(shape, shape_field)]
     offset, nbytes = _int(offset, f"{field}.offset"), _int(nbytes, f"{field}.nbytes")
     numel = math.prod(dims)
     if numel * dtype.itemsize != nbytes or offset + nbytes > len(data):
@@ -193,7 +203,7 @@ def _constant(entry: Any, i: int, slots: int, data: torch.Tensor) -> tuple[int, 
     # which the loaded program keeps alive (and the tensor keeps its buffer alive). The
     # executor never writes a constant (plan.inplace_hazard), so read-only memory is fine.
     raw = data[offset : offset + nbytes]
-    if raw.data_ptr() % dtype.itemsize or raw.storage_offset() % dtype.itemsize:
+    if (start[0] + offset) % dtype.itemsize or (start[1] + offset) % dtype.itemsize:
         raw = raw.clone()  # a blob not laid out by preprocess: own copy
     return slot, raw.view(dtype).view(dims)
 
@@ -265,4 +275,5 @@ def _constants(entries: list[Any], slots: int, data: memoryview) -> tuple[tuple[
     if not entries:
         return ()
     segment = _bytes(data)
-    return tuple(_constant(c, i, slots, segment) for i, c in enumerate(entries))
+    start = (segment.data_ptr(), segment.storage_offset())
+    return tuple(_constant(c, i, slots, segment, start) for i, c in enumerate(entries))

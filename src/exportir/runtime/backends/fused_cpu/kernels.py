@@ -19,7 +19,6 @@ The table is closed: a blob names an entry or is refused; it never names a calla
 from __future__ import annotations
 
 import functools
-from collections import namedtuple
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -43,6 +42,7 @@ from exportir.runtime.backends.fused_cpu.quantized import (
     QUANTIZED_SPECIALIZED,
     define_library,
 )
+from exportir.runtime.backends.fused_cpu.records import record
 from exportir.runtime.backends.fused_cpu.rnn import RNN_KERNELS, RNN_PER_OP, RnnShapeError
 from exportir.runtime.backends.fused_cpu.sized_conv import (
     ConvBinary,
@@ -68,16 +68,17 @@ _nn = torch._C._nn
 _T = torch.Tensor
 
 
-# The value types of this package are namedtuples (and Ref a small slotted class), not frozen
-# dataclasses nor typing.NamedTuple: the package is imported by the first load of a program with
-# a fused delegate, and making a frozen dataclass compiles its methods from source (~0.6 ms a
-# class: ten were most of that import), a NamedTuple each of its string annotations (~0.1 ms).
-# The annotations below document the fields; defaults are the namedtuple's.
+# The value types of this package are records (.records: tuples with named fields; Ref a small
+# slotted class), not frozen dataclasses, typing.NamedTuple nor collections.namedtuple: the
+# package is imported by the first load of a program with a fused delegate, and each of those
+# compiles source when its class is made (a frozen dataclass ~0.6 ms, a namedtuple's __new__
+# ~0.15 ms, a NamedTuple also each string annotation). The annotations below document the
+# fields; defaults are the record's.
 
 _NO_KWARGS: Mapping[str, Any] = MappingProxyType({})
 
 
-class Call(namedtuple("Call", "form fn args kwargs splat",
+class Call(record("Call", "form fn args kwargs splat",
                       defaults=(None, (), _NO_KWARGS, False))):
     """How one op runs: ``fn(*args, **kwargs)`` (``form="call"``), ``args[0][args[1]]``
     (``"item"``) or ``args[0]`` itself (``"alias"``). ``splat``: the second argument, a list of
@@ -95,7 +96,7 @@ class Call(namedtuple("Call", "form fn args kwargs splat",
 _KERNEL_DEFAULTS = (None, False, None, False, None, (), False)  # every field but fn
 
 
-class Kernel(namedtuple("Kernel", "fn inplace alias bind overlaps prepare keywords splat",
+class Kernel(record("Kernel", "fn inplace alias bind overlaps prepare keywords splat",
                         defaults=_KERNEL_DEFAULTS)):
     """``fn`` computes the ATen op from its normalised arguments; ``inplace`` (same arguments)
     overwrites and returns the first; ``alias``: the result may share memory with the first
@@ -534,7 +535,7 @@ def op_schema(name: str) -> Any:
     return getattr(getattr(getattr(torch.ops, namespace), packet), overload)._schema
 
 
-class _Param(namedtuple("_Param", "name kwarg_only has_default default type_text")):
+class _Param(record("_Param", "name kwarg_only has_default default type_text")):
     __slots__ = ()
     name: str
     kwarg_only: bool
@@ -543,7 +544,7 @@ class _Param(namedtuple("_Param", "name kwarg_only has_default default type_text
     type_text: str
 
 
-class _Signature(namedtuple("_Signature", "params positional by_name returns int_bounds")):
+class _Signature(record("_Signature", "params positional by_name returns int_bounds")):
     """An op's schema as plain Python values, read from torch once per op name (its
     attributes are C++ objects: reading them for every op of every blob was most of
     :func:`normalize`'s time)."""
@@ -576,8 +577,8 @@ def _signature(name: str) -> _Signature:
 
 def _has_ref(x: Any) -> bool:
     if isinstance(x, list):
-        return any(_has_ref(v) for v in x)
-    return isinstance(x, Ref)
+        return any(type(v) is Ref or (isinstance(v, list) and _has_ref(v)) for v in x)
+    return type(x) is Ref
 
 
 def _fits(type_text: str, value: Any) -> bool:

@@ -18,16 +18,16 @@ never disagree.
 
 from __future__ import annotations
 
-from collections import namedtuple
 from collections.abc import Sequence
 from typing import Any
 
 from exportir.runtime.backends.fused_cpu.kernels import KERNELS, Ref
+from exportir.runtime.backends.fused_cpu.records import record
 
 __all__ = ["Plan", "first_ref", "inplace_hazard", "plan", "refs"]
 
 
-class Plan(namedtuple("Plan", "defined last_use root external outputs overlapping")):
+class Plan(record("Plan", "defined last_use root external outputs overlapping")):
     """``defined``: op index defining each slot (-1 for inputs and constants); ``last_use``:
     op index of each slot's last reader (``len(ops)`` for outputs, absent if never read);
     ``root``: the slot whose memory each slot may share; ``external``: inputs and constants;
@@ -43,14 +43,20 @@ class Plan(namedtuple("Plan", "defined last_use root external outputs overlappin
 
 
 def refs(x: Any) -> list[int]:
-    """Slots an argument (or a list of them) reads."""
-    if isinstance(x, Ref):
+    """Slots an argument (or a list, tuple or dict of them) reads."""
+    if type(x) is Ref:
         return [x.slot]
-    if isinstance(x, (list, tuple)):
-        return [s for v in x for s in refs(v)]
     if isinstance(x, dict):
-        return [s for v in x.values() for s in refs(v)]
-    return []
+        x = x.values()
+    elif not isinstance(x, (list, tuple)):
+        return []
+    found: list[int] = []
+    for v in x:  # scalars are most items: no call for them (this runs for every op at load)
+        if type(v) is Ref:
+            found.append(v.slot)
+        elif isinstance(v, (list, tuple, dict)):
+            found += refs(v)
+    return found
 
 
 def first_ref(row: Any) -> int | None:

@@ -16,13 +16,22 @@ reads ``in`` features, later layers ``D * R`` (D = 2 when bidirectional).
 
 from __future__ import annotations
 
-from collections import namedtuple
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["RNN_KERNELS", "RNN_PER_OP", "GruKernel", "RnnShape", "RnnShapeError", "check_rnn_flags", "rnn_shape"]
+from exportir.runtime.backends.fused_cpu.records import record
+
+__all__ = [
+    "RNN_KERNELS",
+    "RNN_PER_OP",
+    "GruKernel",
+    "RnnShape",
+    "RnnShapeError",
+    "check_rnn_flags",
+    "rnn_shape",
+]
 
 MAX_LAYERS = 1024
 
@@ -32,7 +41,7 @@ class RnnShapeError(ValueError):
     load the kernel table re-raises it as its ``SchemaMismatch``."""
 
 
-class RnnShape(namedtuple("RnnShape", "hidden proj features directions layers group")):
+class RnnShape(record("RnnShape", "hidden proj features directions layers group")):
     """The sizes the weights fix: hidden ``hidden``, projection ``proj`` (0: none), input
     features ``features``, directions, layers, weights per layer and direction."""
 

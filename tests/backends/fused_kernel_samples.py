@@ -8,6 +8,7 @@ import torch
 
 from exportir.format import quantized_ops
 from exportir.runtime.backends.fused_cpu.dynamic_int8 import LINEAR_DYNAMIC_INT8
+from exportir.runtime.backends.fused_cpu.int8_float import exact_int8_products
 
 quantized_ops.define()  # the quantized_decomposed references (torch.ops) the samples compare with
 
@@ -381,8 +382,50 @@ SAMPLES[LINEAR_DYNAMIC_INT8] = [
 ]
 
 
+def _float64_qlinear(qx, x_scale, x_zp, w, w_scales, w_zps, bias, out_scale, out_zp, out_dtype,
+                     post_op, post_args, algorithm):
+    """``quantize(post(dequantize(qx) @ dequantize(W).T + b))`` in float64."""
+    x = (qx.double() - _number(x_zp)) * _number(x_scale)
+    y = torch.nn.functional.linear(x, _dequantized(w, w_scales, w_zps),
+                                   None if bias is None else bias.double())
+    return _quantized(y, qx.dtype, out_scale, out_zp, out_dtype, post_op, post_args)
+
+
+def _float64_qconv(qx, x_scale, x_zp, w, w_scales, w_zps, bias, stride, padding, dilation,
+                   groups, out_scale, out_zp, out_dtype, post_op, post_args, algorithm):
+    """The convolution's quantized reference in float64; channels-last as oneDNN's result."""
+    x = (qx.double() - x_zp) * x_scale
+    y = torch.nn.functional.conv2d(x, _dequantized(w, w_scales, w_zps),
+                                   None if bias is None else bias.double(), stride, padding,
+                                   dilation, groups)
+    y = _quantized(y, qx.dtype, out_scale, out_zp, out_dtype, post_op, post_args)
+    return y.contiguous(memory_format=torch.channels_last)
+
+
+def _number(v):
+    return v.item() if isinstance(v, torch.Tensor) else v
+
+
+def _dequantized(w, w_scales, w_zps):
+    view = (-1,) + (1,) * (w.dim() - 1)
+    return (w.double() - w_zps.double().reshape(view)) * w_scales.double().reshape(view)
+
+
+def _quantized(y, in_dtype, out_scale, out_zp, out_dtype, post_op, post_args):
+    if post_op == "relu":
+        y = y.relu()
+    elif post_op == "hardtanh":
+        y = y.clamp(*post_args)
+    dtype = in_dtype if out_dtype is None else out_dtype
+    if dtype not in (torch.int8, torch.uint8):
+        return y.to(dtype)
+    lo, hi = (-128, 127) if dtype == torch.int8 else (0, 255)
+    return (torch.round(y / out_scale) + out_zp).clamp(lo, hi).to(dtype)
+
+
 # kernels that compute the op's arithmetic in another order than ATen's: equal to the reference
-# up to float32 rounding (torch's default tolerances), not bit for bit
+# up to float32 rounding (torch's default tolerances; one step for integer results), not bit
+# for bit
 ROUNDING = frozenset({"aten.gru.input"})
 
 # ops whose torch reference takes its arguments differently from the fused kernel
@@ -394,3 +437,27 @@ REFERENCES = {
     "onednn.qlinear_pointwise.tensor": _packed_qlinear(torch.ops.onednn.qlinear_pointwise.tensor),
     "onednn.qconv_pointwise.default": _reference_qconv,
 }
+
+# Without VNNI oneDNN's uint8 x int8 products saturate (fused_cpu/int8_float.py): the ATen ops
+# are no oracle there, the float64 quantized references are, and the kernels (float32 there)
+# match them up to rounding
+if not exact_int8_products():
+    REFERENCES.update({
+        "onednn.qlinear_pointwise.default": _float64_qlinear,
+        "onednn.qlinear_pointwise.tensor": _float64_qlinear,
+        "onednn.qconv_pointwise.default": _float64_qconv,
+    })
+    ROUNDING = ROUNDING | {"onednn.qlinear_pointwise.default", "onednn.qlinear_pointwise.tensor",
+                           "onednn.qconv_pointwise.default"}
+
+
+def assert_same(got: torch.Tensor, expected: torch.Tensor, exact: bool) -> None:
+    """``got`` equals ``expected`` bit for bit, or (``exact`` false) up to float32 rounding:
+    torch's default tolerances for floats, one step for integers."""
+    if exact:
+        torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+    elif expected.is_floating_point():
+        torch.testing.assert_close(got, expected, equal_nan=True)
+    else:
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got.int(), expected.int(), rtol=0, atol=1)

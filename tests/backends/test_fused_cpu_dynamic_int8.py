@@ -101,7 +101,7 @@ def test_bad_arguments_are_refused_by_name(change, message):
             D.linear_dynamic_int8(args["x"], D.pack(w, scales, None), *list(args.values())[2:])
 
 
-def test_load_packs_constant_weights_once():
+def test_load_packs_constant_weights_once(exact_cpu):
     w, scales, bias = _weights(16, 32)
     slots = {1: w, 2: scales, 3: bias}
     args = (object(), 1, 2, 3, EPS, "none")
@@ -110,6 +110,28 @@ def test_load_packs_constant_weights_once():
     run_time_bias = D.DYNAMIC_INT8_KERNELS[D.LINEAR_DYNAMIC_INT8][1](
         (object(), 1, 2, 4, EPS, "none"), slots.get)
     assert isinstance(run_time_bias[1], D.PackedDynamicLinear) and not run_time_bias[1].has_bias
+
+
+def test_saturating_cpu_dequantizes_at_load(saturating_cpu):
+    """Where fbgemm's products saturate, load dequantizes the weight once and the kernel runs
+    the pattern in float32: the saturating products of the test above come out right."""
+    k = 512
+    w = torch.full((32, k), 127, dtype=torch.int8)
+    w[1::2] = -127
+    scales, bias = torch.full((32,), 0.01), torch.randn(32)
+    slots = {1: w, 2: scales, 3: bias}
+    prepared = D.DYNAMIC_INT8_KERNELS[D.LINEAR_DYNAMIC_INT8][1](
+        (object(), 1, 2, 3, EPS, "relu"), slots.get)
+    assert isinstance(prepared[1], D.DenseDynamicWeight)
+    assert D.DYNAMIC_INT8_SPECIALIZED[D.LINEAR_DYNAMIC_INT8](prepared, {}) is None
+    x = torch.full((2, k), 5.0)
+    x[:, 0] = -1e-9
+    got = D.linear_dynamic_int8(x, prepared[1], scales, bias, EPS, "relu")
+    torch.testing.assert_close(got, REFERENCE(x, w, scales, bias, EPS, "relu"), rtol=1e-6,
+                               atol=1e-3)
+    # a weight packed for fbgemm elsewhere is not run on fbgemm here either
+    packed = D.linear_dynamic_int8(x, D.pack(w, scales, None), scales, bias, EPS, "relu")
+    torch.testing.assert_close(packed, got, rtol=1e-6, atol=1e-3)
 
 
 @pytest.mark.slow  # ~15 s: a transformers Llama quantized, lowered and run in a new process

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fused_kernel_samples import REFERENCES, ROUNDING, SAMPLES
+from fused_kernel_samples import REFERENCES, ROUNDING, SAMPLES, assert_same
 
 from exportir.runtime.backends.fused_cpu.executor import build, run
 from exportir.runtime.backends.fused_cpu.format import Blob, OpRow
@@ -51,10 +51,7 @@ def _same(got, expected, exact=True):
     assert len(got) == len(expected)
     for g, e in zip(got, expected):
         assert g.dtype == e.dtype and g.shape == e.shape
-        if exact:
-            torch.testing.assert_close(g, e, rtol=0, atol=0, equal_nan=True)
-        else:
-            torch.testing.assert_close(g, e, equal_nan=True)
+        assert_same(g, e, exact)
 
 
 def test_every_kernel_has_samples():

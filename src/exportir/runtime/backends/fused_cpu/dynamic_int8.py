@@ -16,9 +16,11 @@ oneDNN's qlinear as three ops.
 The compile side picks this kernel only where torch has fbgemm (x86 builds). A program holding
 it still runs where fbgemm is missing (another machine, a torch without quantized tensors), or
 with a weight that is no constant: the same math then runs in float32 (quantize-dequantize of
-``x``, ``linear`` on the dequantized weight), equal to the pattern bit for bit.
+``x``, ``linear`` on the dequantized weight), equal to the pattern bit for bit. So it does on a
+CPU without VNNI, where fbgemm's uint8 x int8 products saturate (:mod:`.int8_float`): there the
+weight is dequantized once, at load (:class:`DenseDynamicWeight`).
 
-Imports only torch and the standard library.
+Imports only torch, the standard library and :mod:`.int8_float`.
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ from typing import Any
 
 import torch
 
+from exportir.runtime.backends.fused_cpu.int8_float import exact_int8_products
+
 __all__ = ["DYNAMIC_INT8_KERNELS", "DYNAMIC_INT8_SCHEMAS", "DYNAMIC_INT8_SPECIALIZED",
-           "LINEAR_DYNAMIC_INT8", "DynamicInt8Error", "DynamicRowLinear", "fbgemm_available"]
+           "LINEAR_DYNAMIC_INT8", "DenseDynamicWeight", "DynamicInt8Error", "DynamicRowLinear",
+           "fbgemm_available"]
 
 LINEAR_DYNAMIC_INT8 = "fused_cpu.linear_dynamic_int8.default"
 DYNAMIC_INT8_SCHEMAS = {
@@ -143,16 +148,31 @@ def pack(w: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor | None
                                bias is not None, w_scales)
 
 
-def _reference(x: torch.Tensor, w: torch.Tensor, w_scales: torch.Tensor, bias: Any,
-               scale: float, zero_point: int) -> torch.Tensor:
+def _reference(x: torch.Tensor, dense: torch.Tensor, bias: Any, scale: float,
+               zero_point: int) -> torch.Tensor:
+    """The pattern in float32: ``x`` quantized and dequantized, times the dequantized weight."""
     q = torch.clamp(torch.round(x * _f32(1.0 / scale)) + zero_point, _QMIN, _QMAX)
-    return torch.nn.functional.linear((q - zero_point) * scale,
-                                      w.float() * w_scales.reshape(-1, 1), bias)
+    return torch.nn.functional.linear((q - zero_point) * scale, dense, bias)
+
+
+class DenseDynamicWeight:
+    """An int8 weight ``[N, K]`` dequantized at load, for CPUs where fbgemm's int8 products
+    saturate (:mod:`.int8_float`): the kernel runs the pattern in float32. A kernel argument,
+    so a plain slotted class."""
+
+    __slots__ = ("dense", "k", "n")
+
+    def __init__(self, w: torch.Tensor, w_scales: torch.Tensor) -> None:
+        self.n, self.k = w.shape
+        self.dense = w.float() * w_scales.float().reshape(-1, 1)
+
+    def __repr__(self) -> str:
+        return f"DenseDynamicWeight(n={self.n}, k={self.k})"
 
 
 def linear_dynamic_int8(x: Any, w: Any, w_scales: Any, bias: Any, eps: Any,
                         post_op: Any) -> torch.Tensor:
-    if isinstance(w, PackedDynamicLinear):
+    if isinstance(w, (PackedDynamicLinear, DenseDynamicWeight)):
         n, k = w.n, w.k
     else:
         _check_weight(w)
@@ -161,7 +181,7 @@ def linear_dynamic_int8(x: Any, w: Any, w_scales: Any, bias: Any, eps: Any,
     if x.numel() == 0:
         return x.new_zeros((*x.shape[:-1], n))
     scale, zero_point = activation_qparams(x, eps)
-    if isinstance(w, PackedDynamicLinear) and math.isfinite(scale):
+    if isinstance(w, PackedDynamicLinear) and math.isfinite(scale) and exact_int8_products():
         x2 = x.reshape(-1, k).contiguous()
         late_bias = bias is not None and not w.has_bias
         op = _FBGEMM_RELU if post_op == "relu" and not late_bias else _FBGEMM
@@ -172,9 +192,13 @@ def linear_dynamic_int8(x: Any, w: Any, w_scales: Any, bias: Any, eps: Any,
             if post_op == "relu":
                 out.relu_()
         return out.reshape(*x.shape[:-1], n)
-    if isinstance(w, PackedDynamicLinear):
-        w = torch.ops.quantized.linear_unpack(w.packed)[0].int_repr()
-    out = _reference(x, w, w_scales, bias, scale, zero_point)
+    if isinstance(w, DenseDynamicWeight):
+        dense = w.dense
+    else:
+        if isinstance(w, PackedDynamicLinear):
+            w = torch.ops.quantized.linear_unpack(w.packed)[0].int_repr()
+        dense = w.float() * w_scales.reshape(-1, 1)
+    out = _reference(x, dense, bias, scale, zero_point)
     return torch.relu(out) if post_op == "relu" else out
 
 
@@ -189,11 +213,15 @@ class DynamicRowLinear:
 
     def __init__(self, w: PackedDynamicLinear, eps: float, post_op: str) -> None:
         self.w, self.eps, self.post_op = w, eps, post_op
-        self.op = _FBGEMM_RELU if post_op == "relu" else _FBGEMM
+        # None where fbgemm's products saturate (:mod:`.int8_float`): every call runs the
+        # general kernel, which computes in float32 there
+        self.op = (_FBGEMM_RELU if post_op == "relu" else _FBGEMM) if exact_int8_products() \
+            else None
 
     def __call__(self, x: Any, bias: Any) -> torch.Tensor:
         w = self.w
-        if (type(x) is torch.Tensor and x.dtype == torch.float32 and x.dim() >= 2
+        if (self.op is not None and type(x) is torch.Tensor and x.dtype == torch.float32
+                and x.dim() >= 2
                 and x.shape[-1] == w.k and x.numel() > 0 and x.is_contiguous()
                 and (bias is None or w.has_bias)):
             lo_t, hi_t = _AMINMAX(x)
@@ -221,6 +249,13 @@ def _prepare(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> tuple[Any
     bias = constant(args[3]) if args[3] is not None else None  # None: a run-time value
     if w is None or scales is None:
         return args
+    if not exact_int8_products():  # fbgemm's products saturate here: float32 (.int8_float)
+        try:
+            _check_weight(w)
+            _check(torch.empty(1, w.shape[1]), w.shape[0], w.shape[1], scales, bias, 1.0, "none")
+        except DynamicInt8Error:
+            return args  # the kernel refuses it when it runs
+        return (args[0], DenseDynamicWeight(w, scales), *args[2:])
     if not (fbgemm_available() and _fbgemm_engine()):
         return args
     try:

@@ -17,7 +17,11 @@
   kernel is timed against it (``M`` = 1 and 32 rows, best of 3, once per shape and dtype in a
   process) and the faster one runs. Results agree to float rounding.
 
-Imports only torch and the standard library (and the fused CPU backend's :mod:`.gemv`).
+On a CPU without VNNI, where oneDNN's uint8 x int8 products saturate, the int8 linears and
+convolutions run in float32 instead (:mod:`.int8_float`).
+
+Imports only torch and the standard library (and the fused CPU backend's :mod:`.gemv`,
+:mod:`.int8_float` and :mod:`.qlinear`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,11 @@ from typing import Any
 import torch
 
 from exportir.runtime.backends.fused_cpu.gemv import block_weight, blockable, blocked_linear
+from exportir.runtime.backends.fused_cpu.int8_float import (
+    FloatQConv,
+    FloatQLinear,
+    exact_int8_products,
+)
 from exportir.runtime.backends.fused_cpu.qlinear import StaticQLinear
 
 __all__ = ["QUANTIZED_KERNEL_FNS", "QUANTIZED_SPECIALIZED", "DenseWeight", "define_library", "pack_qlinear_weight"]
@@ -100,6 +109,11 @@ def _prepare_qlinear(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> t
         _check_plain_weight(weight)
     except QuantizedKernelError:
         return args  # the kernel refuses it when it runs
+    if not exact_int8_products():  # oneDNN's products saturate here: float32 (.int8_float)
+        scales, zps = constant(args[4]), constant(args[5])
+        if scales is None or zps is None:
+            return args
+        return (*args[:3], FloatQLinear(weight, scales, zps), *args[4:])
     static = _static_qlinear(args, weight, constant)
     if static is not None:  # packs for oneDNN only if a call needs it
         return (*args[:3], static, *args[4:])
@@ -169,6 +183,9 @@ def _qlinear(op: Any) -> Callable[..., Any]:
     def run(qx: Any, x_scale: Any, x_zp: Any, w: Any, w_scales: Any, w_zps: Any, bias: Any,
             out_scale: float, out_zp: int, out_dtype: Any, post_op: str, post_args: Any,
             algorithm: str) -> torch.Tensor:
+        if isinstance(w, FloatQLinear) or not exact_int8_products():
+            return _float_qlinear(qx, x_scale, x_zp, w, w_scales, w_zps, bias, out_scale,
+                                  out_zp, out_dtype, post_op, post_args)
         if not (isinstance(w, torch.Tensor) and w.is_mkldnn):
             w = pack_qlinear_weight(w)
         _check_qlinear(qx, w, w_scales, w_zps, bias, out_dtype, post_op, post_args)
@@ -180,6 +197,17 @@ def _qlinear(op: Any) -> Callable[..., Any]:
                   out_dtype, post_op, post_args, algorithm)
 
     return run
+
+
+def _float_qlinear(qx: Any, x_scale: Any, x_zp: Any, w: Any, w_scales: Any, w_zps: Any,
+                   bias: Any, out_scale: float, out_zp: int, out_dtype: Any, post_op: str,
+                   post_args: Any) -> torch.Tensor:
+    """``qlinear_pointwise`` where oneDNN's int8 products saturate (:mod:`.int8_float`)."""
+    if not isinstance(w, FloatQLinear):
+        _check_plain_weight(w)
+        w = FloatQLinear(w, w_scales, w_zps)
+    _check_qlinear(qx, w.weight, w_scales, w_zps, bias, out_dtype, post_op, post_args)
+    return w(qx, x_scale, x_zp, bias, out_scale, out_zp, out_dtype, post_op, post_args)
 
 
 class PackedConvWeight:
@@ -273,6 +301,15 @@ def _pack_qconv(w: torch.Tensor, w_scales: torch.Tensor, x_scale: float, x_zp: i
 def _qconv(qx: Any, x_scale: Any, x_zp: Any, w: Any, w_scales: Any, w_zps: Any, bias: Any,
            stride: Any, padding: Any, dilation: Any, groups: Any, out_scale: float, out_zp: int,
            out_dtype: Any, post_op: str, post_args: Any, algorithm: str) -> torch.Tensor:
+    if isinstance(w, FloatQConv) or not exact_int8_products():
+        # oneDNN's int8 products saturate here: float32 (.int8_float)
+        plain = w.weight if isinstance(w, FloatQConv) else getattr(w, "plain", w)
+        _check_qconv(qx, plain, w_scales, w_zps, bias, stride, padding, dilation, groups,
+                     out_dtype, post_op, post_args)
+        if not isinstance(w, FloatQConv):
+            w = FloatQConv(plain, w_scales, w_zps, groups)
+        return w(qx, x_scale, x_zp, bias, stride, padding, dilation, out_scale, out_zp,
+                 out_dtype, post_op, post_args)
     _check_qconv(qx, w, w_scales, w_zps, bias, stride, padding, dilation, groups, out_dtype,
                  post_op, post_args)
     # oneDNN computes in NHWC: results stay channels_last (the next int8 convolution reads them
@@ -303,6 +340,11 @@ def _prepare_qconv(args: tuple[Any, ...], constant: Callable[[Any], Any]) -> tup
         _check_qconv(torch.empty(1, weight.shape[1] * args[10], *[
             d * (k - 1) + 1 for d, k in zip(args[9], weight.shape[2:])], dtype=torch.int8),
             weight, scales, constant(args[5]), None, *args[7:11], *args[13:16])
+        if not exact_int8_products():  # oneDNN's products saturate here: float32 (.int8_float)
+            zps = constant(args[5])
+            if zps is None:
+                return args
+            return (*args[:3], FloatQConv(weight.contiguous(), scales, zps, args[10]), *args[4:])
         # a StaticQConv packs by its first call, for the input's shape: not here too
         packed = None if static else _pack_qconv(weight, scales, args[1], x_zp,
                                                  *args[7:11]).packed

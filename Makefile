@@ -20,12 +20,13 @@ demo: $(STAMP)
 # `make test` stays under 10 minutes on 2 cores; tests marked `slow` (heavier suites: whole-corpus
 # interop round trips, long generation runs, the browser test) run in `make test-slow`, and CI
 # (`.ci/run`, `make check`) runs both.
+# --dist loadgroup: tests of one model share its per-process caches (tests/conftest.py)
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 -m "not slow" tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow" tests
 
 # pytest's status 5 means "no test selected": not a failure while no suite is marked slow.
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -n 2 -m slow tests || test $$? -eq 5
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m slow tests || test $$? -eq 5
 
 # The FX parity tests with torch.fx standing in for exportir.fx (tests/conftest.py): torch against
 # itself must pass every one, so a failure in `make test` is ours, not the harness's.

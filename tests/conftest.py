@@ -111,3 +111,63 @@ def pytest_unconfigure(config):
     leaked = [n for n in left if not n.startswith("exportir-fuzz-")]
     if leaked:
         print(f"\ntests left {len(leaked)} scratch entries behind (removed): {', '.join(leaked[:20])}")
+
+
+# -- tests of one corpus model run in one xdist worker --------------------------------------------
+# `make test` runs `pytest -n 2 --dist loadgroup`: tests carrying the same xdist_group mark run in
+# one worker, so what they cache per process for a model (our export, its decomposition, its
+# program files, torch.export's result as the oracle) is made once, not once per worker. The real
+# model suites mark their parameters themselves (group "real-<name>"); these files get a mark from
+# the model parameter named here.
+_MODEL_PARAMS = {  # test file (under tests/) -> the parameter naming a corpus model
+    "export/test_fidelity.py": "key",  # "real:<name>" / "export:<name>"
+    "export/test_oracle.py": "name",
+    "export/test_exported_program.py": "name",
+    "export/test_corpus.py": "name",
+    "export/test_inplace_views.py": "name",
+}
+
+
+def _model_group(path: str, value: str) -> str:
+    if ":" in value:  # a fidelity key: join the real-model suites' groups
+        return value.replace(":", "-", 1)
+    return f"{path.split('/')[-1].removesuffix('.py')}-{value}"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = item.path.relative_to(_TESTS).as_posix()
+        param = _MODEL_PARAMS.get(path)
+        if param is None or item.get_closest_marker("xdist_group") is not None:
+            continue
+        value = getattr(item, "callspec", None) and item.callspec.params.get(param)
+        if isinstance(value, str):
+            item.add_marker(pytest.mark.xdist_group(_model_group(path, value)))
+
+
+# -- which int8 kernels the fused CPU backend runs (runtime/backends/fused_cpu/int8_float.py) ----
+
+
+def _int8_askers():
+    """The modules that ask ``int8_float.exact_int8_products()`` which kernels to run."""
+    from exportir.runtime.backends.fused_cpu import dynamic_int8, int8_float, quantized
+
+    return int8_float, dynamic_int8, quantized
+
+
+@pytest.fixture
+def saturating_cpu(monkeypatch):
+    """Run the test as on a CPU without VNNI, where oneDNN's and fbgemm's uint8 x int8
+    products saturate and the backend computes int8 ops in float32 (any CPU can run that)."""
+    for module in _int8_askers():
+        monkeypatch.setattr(module, "exact_int8_products", lambda: False)
+
+
+@pytest.fixture
+def exact_cpu():
+    """The test checks oneDNN's / fbgemm's own int8 kernels: it needs a CPU where their
+    products are exact (AVX-512 VNNI or AMX)."""
+    if not _int8_askers()[0].exact_int8_products():
+        pytest.skip("this CPU has no AVX-512 VNNI / AMX: oneDNN's and fbgemm's int8 products "
+                    "saturate, so the backend does not run them (the saturating_cpu tests "
+                    "cover what runs instead)")

@@ -89,6 +89,31 @@ def values_in(x: Any) -> Iterator[Value]:
             yield from values_in(v)
 
 
+def _collect(x: Any, out: list[Value]) -> None:
+    """Append the values ``x`` reads to ``out`` (:func:`values_in` without generators: the
+    graph's index runs it over every op)."""
+    if isinstance(x, Value):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            if isinstance(v, Value):
+                out.append(v)
+            elif isinstance(v, (list, tuple, dict)):
+                _collect(v, out)
+    elif isinstance(x, dict):
+        for v in x.values():
+            _collect(v, out)
+
+
+def _reads(op: Op) -> dict[Value, None]:
+    """The distinct values ``op`` reads, in argument order."""
+    found: list[Value] = []
+    _collect(op.args, found)
+    if op.kwargs:
+        _collect(op.kwargs, found)
+    return dict.fromkeys(found)
+
+
 def _replace(x: Any, old: Value, new: Value) -> Any:
     if x is old:
         return new
@@ -108,14 +133,22 @@ class Graph:
     _producers: dict[Value, Op] = field(default_factory=dict, repr=False)
 
     def _index(self) -> dict[Value, list[Op]]:
+        """Readers (in run order) and producer of every value. Made when first asked after a
+        change; :meth:`remove`, :meth:`replace_uses` and :meth:`absorb` keep it up to date
+        (rebuilding it after each of a pass's rewrites made lowering quadratic in the ops)."""
         if self._readers is None:
             table: dict[Value, list[Op]] = {}
-            self._producers = {}
+            producers: dict[Value, Op] = {}
             for op in self.ops:
-                for v in dict.fromkeys(values_in([op.args, op.kwargs])):
-                    table.setdefault(v, []).append(op)
+                for v in _reads(op):
+                    readers = table.get(v)
+                    if readers is None:
+                        table[v] = [op]
+                    else:
+                        readers.append(op)
                 for v in op.outs:
-                    self._producers[v] = op
+                    producers[v] = op
+            self._producers = producers
             self._readers = table
         return self._readers
 
@@ -159,7 +192,16 @@ class Graph:
 
     def remove(self, op: Op) -> None:
         self.ops = [o for o in self.ops if o is not op]
-        self.changed()
+        table = self._readers
+        if table is None:
+            return
+        for v in _reads(op):
+            readers = table.get(v)
+            if readers is not None:
+                table[v] = [r for r in readers if r is not op]
+        for v in op.outs:
+            if self._producers.get(v) is op:
+                del self._producers[v]
 
     def insert_before(self, anchor: Op, op: Op) -> None:
         at = next(i for i, o in enumerate(self.ops) if o is anchor)
@@ -176,6 +218,12 @@ class Graph:
 
     def absorb(self, op: Op, reader: Op) -> None:
         """``op`` now produces what ``reader`` produced; ``reader`` goes."""
+        if self._readers is not None:
+            for v in op.outs:
+                if self._producers.get(v) is op:
+                    del self._producers[v]
+            for v in reader.outs:
+                self._producers[v] = op
         op.outs = reader.outs
         op.nodes = (*op.nodes, *reader.nodes)
         self.remove(reader)
@@ -192,11 +240,21 @@ class Graph:
 
     def replace_uses(self, old: Value, new: Value) -> None:
         """Every reader of ``old`` (and the outputs) reads ``new`` instead."""
-        for op in self.ops:
+        table = self._readers
+        moved = self.ops if table is None else table.get(old, [])
+        for op in moved:
             op.args = [_replace(a, old, new) for a in op.args]
             op.kwargs = {k: _replace(v, old, new) for k, v in op.kwargs.items()}
         self.outputs = [new if v is old else v for v in self.outputs]
-        self.changed()
+        if table is None or not moved:
+            return
+        if any(old in _reads(op) for op in moved):  # read inside a tuple / dict: not replaced
+            self.changed()
+            return
+        # the readers of ``new`` now: both lists merged, in run order
+        del table[old]
+        readers = {id(r) for r in table.get(new, ())} | {id(r) for r in moved}
+        table[new] = [op for op in self.ops if id(op) in readers]
 
     def remove_dead(self) -> bool:
         """Drop ops none of whose results is read; True when something went."""

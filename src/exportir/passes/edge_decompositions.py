@@ -21,6 +21,8 @@ these too, so the Edge program holds core ATen ops its runtime and backends run:
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -114,11 +116,15 @@ def round_decimals(x: torch.Tensor, *, decimals: int) -> torch.Tensor:
     return aten.mul.Tensor(aten.round.default(aten.div.Tensor(x, scale)), scale)
 
 
+@functools.cache
+def _torch_entries() -> tuple[tuple[Any, Callable[..., Any]], ...]:
+    # torch's get_decompositions walks every registered overload (~15 ms a call)
+    return tuple(get_decompositions([aten.linalg_vector_norm.default]).items())
+
+
 def edge_decompositions() -> dict[Any, Callable[..., Any]]:
     """A fresh table of the decompositions of the module docstring."""
-    table: dict[Any, Callable[..., Any]] = dict(
-        get_decompositions([aten.linalg_vector_norm.default])
-    )
+    table: dict[Any, Callable[..., Any]] = dict(_torch_entries())
     table[aten.histc.default] = histc
     table[aten.empty_permuted.default] = empty_permuted
     table[aten.round.decimals] = round_decimals

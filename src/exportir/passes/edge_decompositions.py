@@ -22,7 +22,6 @@ these too, so the Edge program holds core ATen ops its runtime and backends run:
 from __future__ import annotations
 
 import functools
-
 from collections.abc import Callable, Sequence
 from typing import Any
 

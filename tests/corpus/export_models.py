@@ -870,3 +870,23 @@ def _map_tree(fn: Callable[[Any], Any], tree: Any) -> Any:
     import torch.utils._pytree as pytree
 
     return pytree.tree_map(fn, tree)
+
+
+# The models whose *live* torch.export comparisons (tests/export/test_oracle.py,
+# test_exported_program.py: torch.export runs in the test, ~1 s a model) run in `make test`, one
+# per kind of feature; the others run in `make test-slow` (CI runs both). The committed oracle of
+# tests/export/test_fidelity.py compares every model in `make test`.
+LIVE_ORACLE = frozenset({
+    "mlp", "mlp_kwargs", "cnn_bn_train", "lstm", "sdpa_attention", "gpt_kv_cache", "dict_io",
+    "namedtuple_io", "buffer_inplace", "user_input_mutation", "tensor_constant", "custom_op",
+    "static_args", "aliasing_outputs",
+})
+
+
+def live_oracle_params() -> list:
+    """Every model as a pytest parameter, marked ``slow`` unless it is in :data:`LIVE_ORACLE`."""
+    import pytest
+
+    return [pytest.param(e.name, id=e.name,
+                         marks=() if e.name in LIVE_ORACLE else pytest.mark.slow)
+            for e in ENTRIES]

@@ -91,6 +91,7 @@ def test_module_matches_eager(name):
         torch.testing.assert_close(_call(module, args, kwargs), _call(case.model, args, kwargs))
 
 
+@pytest.mark.slow  # torch.export of every example, live (~17 s); exports are checked above
 @pytest.mark.parametrize("name", sorted(set(EXAMPLES) - TORCH_FAILS))
 def test_signature_matches_torch(name):
     case = EXAMPLES[name]

@@ -121,10 +121,19 @@ TORCH_CORE_FAILS = sorted(k for k in KEYS if "core_error" in ORACLE[k])
 COMPARABLE = [k for k in KEYS if k not in TORCH_EXPORT_FAILS]
 
 
+def _params(keys: list[str]) -> list[Any]:
+    """The keys as parameters; a real model of ``SLOW_TIER`` runs in ``make test-slow``."""
+    from corpus import real_models as R
+
+    return [pytest.param(k, id=k, marks=pytest.mark.slow
+                         if k.startswith("real:") and k[5:] in R.SLOW_TIER else ())
+            for k in keys]
+
+
 # -- the corpus ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("key", COMPARABLE)
+@pytest.mark.parametrize("key", _params(COMPARABLE))
 def test_kept_ops_match_torch(key: str) -> None:
     ours = _ours(key).graph
     _check(key, "ops", _diff(F.op_counts(ours), _torch(key)["kept"]), KEPT_DIFFERENCES.get(key))
@@ -132,7 +141,7 @@ def test_kept_ops_match_torch(key: str) -> None:
     assert not mutating, f"{key}: the exported graph is not functional: {mutating}"
 
 
-@pytest.mark.parametrize("key", COMPARABLE)
+@pytest.mark.parametrize("key", _params(COMPARABLE))
 def test_node_names_match_torch(key: str) -> None:
     ours, theirs = _ours(key).graph, _torch(key)
     assert F.placeholder_digest(ours) == theirs["placeholders"], f"{key}: placeholder names differ"
@@ -143,7 +152,7 @@ def test_node_names_match_torch(key: str) -> None:
     _check(key, "node names", diff, expected)
 
 
-@pytest.mark.parametrize("key", [k for k in COMPARABLE if k not in TORCH_CORE_FAILS])
+@pytest.mark.parametrize("key", _params([k for k in COMPARABLE if k not in TORCH_CORE_FAILS]))
 def test_core_ops_match_torch(key: str) -> None:
     ours = F.op_counts(_ours_core(key).graph)
     _check(key, "core ATen ops", _diff(ours, _torch(key)["core"]), CORE_DIFFERENCES.get(key))

@@ -379,6 +379,7 @@ def test_matches_torch(exported, name):
         assert str(ours.graph_signature) == str(decomposed.graph_signature)
 
 
+@pytest.mark.slow  # torch's run_decompositions() of every case, live (~15 s)
 @pytest.mark.parametrize("name", list(CASES))
 def test_core_decomposition_matches_torch(exported, name):
     make, inputs = CASES[name]

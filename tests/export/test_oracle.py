@@ -146,14 +146,14 @@ def _node_sources(ep) -> Counter:
     return rows
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", em.live_oracle_params())
 def test_decomposed_ops_match_torch(name: str) -> None:
     ours = h.op_multiset(h.quiet(_ours(name).run_decompositions))
     diff, expected = _diff(ours, _torch_summary(name)["ops"]), _expected("ops", name)
     assert diff == expected, _explain(name, "ATen ops after run_decompositions()", diff, expected)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", em.live_oracle_params())
 def test_decomposed_signature_matches_torch(name: str) -> None:
     ours = h.signature_rows(h.quiet(_ours(name).run_decompositions))
     theirs = _torch_summary(name)["signature"]
@@ -167,13 +167,13 @@ def test_decomposed_signature_matches_torch(name: str) -> None:
     assert [r[0] for r in ours[1]] == [r[0] for r in theirs[1]], f"{name}: output kinds differ"
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", em.live_oracle_params())
 def test_input_specs_match_torch(name: str) -> None:
     ours, theirs = h.signature_rows(_ours(name))[0], _torch_summary(name)["input_specs"]
     assert ours == theirs, f"{name}: input specs\n  ours:\n{_rows(ours)}\n  torch:\n{_rows(theirs)}"
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", em.live_oracle_params())
 def test_node_sources_match_torch(name: str) -> None:
     """After decomposition, the same ops come from the same user lines (``stack_trace``: user
     frames only, as torch filters them) under the same modules (``nn_module_stack``)."""
@@ -182,6 +182,7 @@ def test_node_sources_match_torch(name: str) -> None:
     assert diff == expected, _explain(name, "(op, stack_trace, module path) rows", diff, expected)
 
 
+@pytest.mark.slow  # torch.export of every corpus model
 def test_noncore_table_matches_torch() -> None:
     """``TORCH_KEEPS_NONCORE`` (the non-core ops the corpus test tolerates) is exactly what
     torch 2.13's own ``run_decompositions()`` leaves."""

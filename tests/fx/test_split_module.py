@@ -160,8 +160,15 @@ TRACEABLE = [e for e in ENTRIES if _traceable(e)]
 COMBOS = [(c, "default") for c in CALLBACKS] + [("round_robin", o) for o in OPTIONS if o != "default"]
 
 
-@pytest.mark.parametrize(("callback", "options"), COMBOS, ids=[f"{c}-{o}" for c, o in COMBOS])
-@pytest.mark.parametrize("entry", TRACEABLE, ids=[e.name for e in TRACEABLE])
+def _cases() -> list:
+    """Every entry with every combination; the options other than the default run on every
+    fourth entry in `make test` and on all of them in `make test-slow` (CI runs both)."""
+    return [pytest.param(entry, callback, options, id=f"{entry.name}-{callback}-{options}",
+                         marks=pytest.mark.slow if options != "default" and i % 4 else ())
+            for i, entry in enumerate(TRACEABLE) for callback, options in COMBOS]
+
+
+@pytest.mark.parametrize(("entry", "callback", "options"), _cases())
 def test_split_matches_torch(entry, callback, options):
     kw = OPTIONS[options]
     t_case, theirs, t_map = _split(torch.fx, torch_split_module, entry, callback, kw)

@@ -62,7 +62,8 @@ _TORCHAO_SIDE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("dynamic", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["static", "dynamic"])  # ~12 s each: dynamic in `make test-slow`
 def test_same_quantize_dequantize_placement_and_numerics_as_torchao(tmp_path, dynamic):
     python = _torchao_python()
     g = torch.Generator().manual_seed(5)

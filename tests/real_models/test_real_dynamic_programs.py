@@ -25,7 +25,8 @@ def _params() -> list:
     firsts = {next(n for n in names if R.SPECS[n].dims)
               for names in R.families().values() if any(R.SPECS[n].dims for n in names)}
     return [pytest.param(n, marks=[pytest.mark.xdist_group(f"real-{n}")]
-                         + ([] if n in firsts else [pytest.mark.slow]), id=n)
+                         + ([] if n in firsts and n not in R.SLOW_TIER else [pytest.mark.slow]),
+                         id=n)
             for n in R.NAMES if R.SPECS[n].dims]
 
 

@@ -18,7 +18,7 @@ from real_models import _harness as H
 
 
 def _params() -> list:
-    return [pytest.param(n, marks=pytest.mark.xdist_group(f"real-{n}"), id=n) for n in R.NAMES]
+    return R.params()
 
 
 @pytest.mark.parametrize("name", _params())
@@ -77,3 +77,13 @@ def test_program_operators_are_in_the_runtime_kernel_table(name: str, road: str)
         if not op.is_functional_fallback and (op.name, op.overload) not in schema.PRIM_OPERATORS
     }
     assert named <= KERNEL_TABLE.keys(), sorted(named - KERNEL_TABLE.keys())
+
+
+def test_the_make_test_tier_keeps_every_family_and_the_counts() -> None:
+    """``SLOW_TIER`` models run only in ``make test-slow``; ``make test`` still takes at least 40
+    architectures besides timm's and 15 timm nets, of every family, through every stage."""
+    main = [n for n in R.NAMES if n not in R.SLOW_TIER]
+    timm = [n for n in main if R.SPECS[n].family == R.TIMM]
+    assert len(timm) >= 15 and len(main) - len(timm) >= 40, (len(timm), len(main))
+    assert {R.SPECS[n].family for n in main} == set(R.families())
+    assert R.SLOW_TIER <= set(R.NAMES)

@@ -125,24 +125,13 @@ def _program_file(name: str, road: str) -> Path:
     return path
 
 
-# Custom ops the corpus programs call, registered with the runtime on purpose (it runs no other):
-# transformers' MoE experts multiply through transformers::grouped_mm_fallback.
-CUSTOM_OPS = {"transformers.integrations.moe": ("transformers::grouped_mm_fallback",)}
-
-
 def kernels() -> Any:
-    """The runtime's default kernels plus the corpus' custom ops (:data:`CUSTOM_OPS`)."""
-    import importlib
-
+    """The runtime's default kernels: nothing registered on purpose. The corpus' only custom op,
+    transformers' MoE ``transformers::grouped_mm_fallback``, is one the runtime implements
+    itself (exportir.runtime.library_kernels)."""
     from exportir.runtime import default_kernel_registry
 
-    registry = default_kernel_registry()
-    for module, names in CUSTOM_OPS.items():
-        importlib.import_module(module)
-        for name in names:
-            namespace, op = name.split("::")
-            registry.register_op(getattr(getattr(torch.ops, namespace), op))
-    return registry
+    return default_kernel_registry()
 
 
 def run_program(path: Path, kwargs: dict[str, Any]) -> Any:

@@ -576,9 +576,14 @@ class KernelRegistry:
 
 
 def default_kernel_registry() -> KernelRegistry:
-    """A fresh registry: the kernel table's operators (resolved lazily) plus the runtime
-    primitives."""
+    """A fresh registry: the kernel table's operators (resolved lazily), the runtime
+    primitives and the library custom ops the runtime implements itself
+    (:mod:`exportir.runtime.library_kernels`)."""
+    from exportir.runtime.library_kernels import library_kernels
+
     registry = KernelRegistry()
     for name, (arity, fn) in _SCALAR_KERNELS.items():
         registry.register(_value_kernel(name, arity, fn))
+    for kernel in library_kernels():  # library custom ops known by name (transformers' MoE)
+        registry.register(kernel)
     return registry

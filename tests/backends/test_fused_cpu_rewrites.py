@@ -245,6 +245,64 @@ def test_flash_attention_refuses_heads_that_do_not_divide():
         with pytest.raises(AttentionShapeError, match="heads dividing"):
             flash(q, k, v)
 
+@pytest.mark.parametrize("odd", ["q", "k", "v", "kv"])
+@pytest.mark.parametrize("groups", [1, 4])
+def test_flash_attention_takes_inputs_whose_last_dim_is_strided(odd, groups):
+    """torch's CPU flash kernel reads each head's rows as if the last dim were contiguous; the
+    fused kernel copies a query / key / value whose last dim is not (they came out wrong by
+    up to 4.3 before, against the same inputs made contiguous)."""
+    from exportir.runtime.backends.fused_cpu.kernels import KERNELS
+
+    flash = KERNELS["aten._scaled_dot_product_flash_attention_for_cpu.default"].fn
+
+    def strided(b, h, s, d):  # [B, H, S, D] with S innermost (a convolution over time)
+        return torch.randn(b, h, d, s).transpose(2, 3)
+
+    q = strided(2, 4 * groups, 8, 16) if "q" in odd else torch.randn(2, 4 * groups, 8, 16)
+    k = strided(2, 4, 8, 16) if "k" in odd else torch.randn(2, 4, 8, 16)
+    v = strided(2, 4, 8, 16) if "v" in odd else torch.randn(2, 4, 8, 16)
+    mask = torch.randn(2, 4 * groups, 8, 8)
+    expected = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), attn_mask=mask)
+    torch.testing.assert_close(flash(q, k, v, attn_mask=mask)[0], expected, rtol=1e-5, atol=1e-5)
+
+
+class ConvKeyAttention(nn.Module):
+    """Grouped-query attention over keys and values from a convolution over time (the
+    short-convolution attention of transformers' Inkling): after repeat_kv is skipped, the
+    flash kernel gets keys laid out [B, H, S, D] with S innermost."""
+
+    def __init__(self, heads=4, kv_heads=2, dim=8):
+        super().__init__()
+        self.h, self.kv, self.d = heads, kv_heads, dim
+        self.q = nn.Linear(16, heads * dim)
+        self.k_proj, self.v_proj = nn.Linear(16, kv_heads * dim), nn.Linear(16, kv_heads * dim)
+        self.k = nn.Conv1d(kv_heads * dim, kv_heads * dim, 3, padding=1, groups=kv_heads * dim)
+        self.v = nn.Conv1d(kv_heads * dim, kv_heads * dim, 3, padding=1, groups=kv_heads * dim)
+        self.register_buffer("mask", torch.randn(1, 1, 8, 8))
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        g = self.h // self.kv
+        q = self.q(x).view(b, s, self.h, self.d).transpose(1, 2)
+        k, v = self.k_proj(x), self.v_proj(x)
+        # the convolution's [B, C, S] transposed back and added to the residual: the sum keeps
+        # the transposed layout (C innermost no more), as Inkling's short convolution does
+        k = (self.k(k.transpose(1, 2)).transpose(1, 2) + k).view(b, s, self.kv, self.d).transpose(1, 2)
+        v = (self.v(v.transpose(1, 2)).transpose(1, 2) + v).view(b, s, self.kv, self.d).transpose(1, 2)
+        k = k[:, :, None].expand(b, self.kv, g, s, self.d).reshape(b, self.h, s, self.d)
+        v = v[:, :, None].expand(b, self.kv, g, s, self.d).reshape(b, self.h, s, self.d)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask[..., :s, :s])
+
+
+def test_grouped_attention_over_convolved_keys_matches_eager():
+    model = ConvKeyAttention().eval()
+    args = (torch.randn(2, 8, 16),)
+    edge = _lower(model, args)
+    assert _ops(edge).count("aten._scaled_dot_product_flash_attention_for_cpu.default") == 1
+    _check(model, args, edge)
+
+
 def test_optimize_spec_off_writes_the_edge_ops():
     model = _trained(ConvBn(True))
     args = (torch.randn(1, 3, 6, 6),)

@@ -228,7 +228,12 @@ def _flash_attention(q: Any, k: Any, v: Any, dropout_p: float = 0.0, is_causal: 
                      *, attn_mask: Any = None, scale: Any = None) -> Any:
     """``_scaled_dot_product_flash_attention_for_cpu``, its shapes checked first: keys and
     values may have fewer heads than the query (grouped-query attention, query head ``i``
-    reading head ``i // G``), but the kernel does not check that they divide it (it crashes)."""
+    reading head ``i // G``), but the kernel does not check that they divide it (it crashes).
+    It also reads each head's rows as if their last dim were contiguous: a query, key or value
+    whose last dim is not (a key from a convolution over time, ``[B, H, S, D]`` with ``S``
+    innermost, once the grouped-attention rewrite skipped the copy ``repeat_kv`` made) gave
+    wrong results (torch 2.13; the public ``scaled_dot_product_attention`` copies such inputs
+    before calling it), so those are made contiguous here."""
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
             and isinstance(v, torch.Tensor) and q.dim() == k.dim() == v.dim() == 4
             and k.shape[1] == v.shape[1] and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0):
@@ -236,6 +241,12 @@ def _flash_attention(q: Any, k: Any, v: Any, dropout_p: float = 0.0, is_causal: 
         raise AttentionShapeError(
             f"flash attention needs query, key, value [B, H, S, D] with the key's and value's "
             f"heads dividing the query's; got {shapes}")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    if v.stride(-1) != 1:
+        v = v.contiguous()
     return _FLASH(q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
 
 

@@ -7,7 +7,9 @@ Where tests/corpus/real_models.py holds ~80 chosen architectures, this walks eve
 installed transformers whose name ends with ``--suffix`` (``ForCausalLM``: ~170 in 5.23), builds
 each from its config class with tiny text sizes and random weights (a second set of sizes when
 the first does not build: some configs need ``pad_token_id`` inside the vocabulary or derive
-``head_dim``), and runs it on a batch of two 8-token sequences:
+``head_dim``), and runs it on a batch of two 8-token sequences (image classes,
+``--suffix ForImageClassification``: their default config with tiny widths and depth, two 64 x 64
+images, the batch dynamic):
 
 - ``torch``: ``torch.export.export(strict=False)`` succeeds (the oracle: a model torch cannot
   export either is reported, not counted against us);
@@ -46,6 +48,7 @@ from torch.utils import _pytree as tpt
 
 import exportir
 
+VISION = False  # set by --suffix: image classes take pixel_values, dynamic in the batch only
 STAGES = ("torch", "export", "core", "dynamic", "program", "fused")
 # two sets of tiny sizes: the first as the corpus's LLMs, the second for configs that reject it
 SIZES = (
@@ -82,10 +85,38 @@ def mismatch(a: Any, b: Any) -> str | None:
     return None
 
 
+# vision classes (``--suffix ForImageClassification``): the config's defaults, these made tiny
+VISION_SIZES = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 2,
+                "intermediate_size": 64, "image_size": 64}
+
+
+def _vision_config(cls: Any) -> Any:
+    cfg = cls.config_class()
+    for key, value in VISION_SIZES.items():
+        if isinstance(getattr(cfg, key, None), int):
+            setattr(cfg, key, value)
+    return cfg
+
+
+def _pixels(cfg: Any, batch: int) -> dict[str, Any]:
+    size = getattr(cfg, "image_size", 64)
+    size = size if isinstance(size, int) else 64
+    channels = getattr(cfg, "num_channels", 3)
+    g = torch.Generator().manual_seed(batch)
+    return {"pixel_values": torch.randn(batch, channels, size, size, generator=g)}
+
+
 def build(name: str) -> tuple[torch.nn.Module, dict[str, Any], Any]:
     import transformers
 
     cls = getattr(transformers, name)
+    if VISION:
+        cfg = _vision_config(cls)
+        torch.manual_seed(0)
+        model = cls(cfg).eval()
+        kwargs = _pixels(cfg, 2)  # not 1: torch.export specializes a size-1 dim
+        with torch.no_grad():
+            return model, kwargs, model(**kwargs)
     last: Exception | None = None
     for sizes in SIZES:
         try:
@@ -132,8 +163,12 @@ def survey(name: str, stages: tuple[str, ...], limit: int) -> tuple[str, dict[st
             return mismatch(ep.run_decompositions().module()(**kw), ref)
         if stage == "dynamic":
             b, s = Dim("batch", min=1, max=16), Dim("seq", min=2, max=32)
-            spec = {k: {0: b, 1: s} for k in kw}
-            fresh = R.text_inputs()(3, 5, 1)
+            if VISION:
+                spec = {k: {0: b} for k in kw}
+                fresh = _pixels(model.config, 3)
+            else:
+                spec = {k: {0: b, 1: s} for k in kw}
+                fresh = R.text_inputs()(3, 5, 1)
             with torch.no_grad():
                 fresh_ref = model(**fresh)
             try:
@@ -190,6 +225,8 @@ def main() -> None:
     names = args.names or sorted(
         n for n in dir(transformers) if n.endswith(args.suffix) and not n.startswith(("Auto", "TF"))
     )
+    global VISION
+    VISION = "Image" in args.suffix or "Segmentation" in args.suffix
     stages = tuple(s for s in args.stages.split(",") if s)
     unknown = set(stages) - set(STAGES)
     if unknown:

@@ -134,8 +134,10 @@ class Graph:
 
     def _index(self) -> dict[Value, list[Op]]:
         """Readers (in run order) and producer of every value. Made when first asked after a
-        change; :meth:`remove`, :meth:`replace_uses` and :meth:`absorb` keep it up to date
-        (rebuilding it after each of a pass's rewrites made lowering quadratic in the ops)."""
+        change; :meth:`remove`, :meth:`replace_uses` and :meth:`absorb` keep it up to date.
+        A rewrite that sets an op's ``args`` / ``kwargs`` itself must call :meth:`changed`
+        (the rule driver does after every rule that fired: HF EfficientNet's lowering once
+        read a value no op produced any more when it did not)."""
         if self._readers is None:
             table: dict[Value, list[Op]] = {}
             producers: dict[Value, Op] = {}

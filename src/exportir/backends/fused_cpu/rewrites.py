@@ -449,6 +449,9 @@ def _apply_rules(g: Graph, rules: dict[str, tuple[Rule, ...]]) -> bool:
                 continue  # removed by an earlier rewrite
             for rule in rules.get(op.name, ()):
                 if rule(g, op):
+                    # rules also rewrite ops' arguments in place, which the graph's reader
+                    # index does not see: it is rebuilt before the next rule reads it
+                    g.changed()
                     progress = changed = True
                     break
     return changed
@@ -470,6 +473,9 @@ def optimize(g: Graph) -> Graph:
     _settle(g)
     if _apply_rules(g, KERNEL_RULES):
         _settle(g)
+    g.changed()
     uint8_activations(g)  # after the int8 kernels are chosen: it reads what they are
+    g.changed()
     channels_last(g)  # last: the layout rules would see the conversions as copies to drop
+    g.changed()
     return g

@@ -44,7 +44,7 @@ warnings.filterwarnings("ignore")
 
 import torch
 from corpus import real_models as R  # the torchvision shim, before transformers
-from torch.utils import _pytree as tpt
+from survey_real_models import mismatch  # (this script's folder is on sys.path)
 
 import exportir
 
@@ -67,22 +67,6 @@ class _AsTorch(Exception):
 
 def _alarm(*_: Any) -> None:
     raise StageTimeout("stage time limit")
-
-
-def _leaves(o: Any) -> list[torch.Tensor]:
-    return [x for x in tpt.tree_leaves(o) if isinstance(x, torch.Tensor)]
-
-
-def mismatch(a: Any, b: Any) -> str | None:
-    la, lb = _leaves(a), _leaves(b)
-    if len(la) != len(lb):
-        return f"{len(la)} vs {len(lb)} tensors"
-    for x, y in zip(la, lb):
-        if x.shape != y.shape:
-            return f"shape {tuple(x.shape)} vs {tuple(y.shape)}"
-        if not torch.allclose(x.float(), y.float(), atol=1e-4, rtol=1e-4):
-            return f"max diff {(x.float() - y.float()).abs().max():.3g}"
-    return None
 
 
 # vision classes (``--suffix ForImageClassification``): the config's defaults, these made tiny

@@ -12,6 +12,7 @@ Imports only torch.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -64,7 +65,7 @@ def grouped_mm_fallback(
     shape = (rows, weight.shape[2])
     if tuple(out.shape) != shape:
         out.resize_(shape)
-    out.zero_()
+    out[start:].zero_()  # the rows after the last group (the groups write all the others)
     dense = out.is_contiguous()
     start = 0
     for g, end in enumerate(ends):
@@ -89,9 +90,11 @@ def _kernel(name: str, fn: object, schema_text: str) -> object:
     return Kernel(name, run, arity + 1, (arity,), False, params=params)
 
 
-def library_kernels() -> list[object]:
-    """A fresh kernel per known library operator (the registry owns them)."""
-    return [_kernel(name, fn, text) for name, (fn, text) in LIBRARY_KERNELS.items()]
+@functools.cache
+def library_kernels() -> tuple[object, ...]:
+    """One kernel per known library operator, made once per process: kernels are immutable,
+    so every registry shares them (as it shares the kernels of torch's ops)."""
+    return tuple(_kernel(name, fn, text) for name, (fn, text) in LIBRARY_KERNELS.items())
 
 
 # program name -> (implementation, the operator's schema as the library declares it)

@@ -287,6 +287,8 @@ def channels_last(g: Graph) -> bool:
         op.args[0] = value
         known.add(id(value))
         changed = True
+    if changed:
+        g.changed()  # ops now read the conversions: the reader index learns it
     return changed
 
 

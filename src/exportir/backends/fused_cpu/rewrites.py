@@ -473,9 +473,6 @@ def optimize(g: Graph) -> Graph:
     _settle(g)
     if _apply_rules(g, KERNEL_RULES):
         _settle(g)
-    g.changed()
     uint8_activations(g)  # after the int8 kernels are chosen: it reads what they are
-    g.changed()
     channels_last(g)  # last: the layout rules would see the conversions as copies to drop
-    g.changed()
     return g

@@ -125,16 +125,7 @@ def _program_file(name: str, road: str) -> Path:
     return path
 
 
-def kernels() -> Any:
-    """The runtime's default kernels: nothing registered on purpose. The corpus' only custom op,
-    transformers' MoE ``transformers::grouped_mm_fallback``, is one the runtime implements
-    itself (exportir.runtime.library_kernels)."""
-    from exportir.runtime import default_kernel_registry
-
-    return default_kernel_registry()
-
-
 def run_program(path: Path, kwargs: dict[str, Any]) -> Any:
     from exportir.runtime import Program
 
-    return Program.load(path, kernels=kernels()).method("forward")(**kwargs)
+    return Program.load(path).method("forward")(**kwargs)  # the default kernels: nothing registered

@@ -62,7 +62,7 @@ def _sizes(name: str) -> list[tuple[int, int]]:
 def test_dynamic_program_runs_at_min_middle_and_max(name: str, road: str) -> None:
     from exportir.runtime import Program
 
-    method = Program.load(_dynamic_program(name, road), kernels=H.kernels()).method("forward")
+    method = Program.load(_dynamic_program(name, road)).method("forward")
     case = H.case(name)
     for batch, seq in _sizes(name):
         kwargs = case.inputs(batch, seq, 3)

@@ -877,7 +877,8 @@ def test_released_format_versions_still_load(version: str) -> None:
     got = pytree.tree_leaves(ep.module()(*args, **kwargs))
     assert len(got) == len(expected)
     for i, t in enumerate(got):
-        assert torch.equal(t, expected[str(i)]), i
+        # recorded on another CPU: float kernels round differently across instruction sets
+        torch.testing.assert_close(t, expected[str(i)], rtol=1e-5, atol=1e-6, msg=str(i))
 
 
 # --------------------------------------------------------------------------- exported models

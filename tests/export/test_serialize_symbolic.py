@@ -196,7 +196,8 @@ def test_format_1_1_fixture_still_loads() -> None:
 
     expected, _ = decode_tensors(extra["expected.safetensors"], "expected")
     got = loaded.module()(expected["x"], expected["y"])
-    assert torch.equal(got, expected["out"])
+    # recorded on another CPU: float kernels round differently across instruction sets
+    torch.testing.assert_close(got, expected["out"], rtol=1e-5, atol=1e-6)
     assert "to be <= 16" in str(_error(loaded.module(), torch.randn(17, 4), torch.randn(17, 8)))
 
 

@@ -26,6 +26,16 @@ if str(_TESTS) not in sys.path:
 if _SRC.is_dir() and str(_SRC) not in sys.path[:1]:
     sys.path.insert(0, str(_SRC))
 
+# `make test` runs two xdist workers on two cores: each worker's torch (and every process it
+# starts) computes on one thread, or the workers' OpenMP threads oversubscribe the cores and spin
+# on each other (measured: the real-model suite ran 2-7x slower per test). Tests that need more
+# threads set them themselves.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+
 OURS_ENV = "EXPORTIR_FX_IMPL"
 
 

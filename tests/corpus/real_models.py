@@ -524,21 +524,12 @@ _SPECS += [
 SPECS: dict[str, RealSpec] = {s.name: s for s in _SPECS}
 NAMES: list[str] = list(SPECS)
 
-# Models whose per-model suites run in `make test-slow` only (CI runs it too): five of the twenty
-# timm nets, the costliest to take through every stage, each with a near relative in `make test`
-# (mobilenet / efficientnet, resnet, convnext). `make test` keeps its 10-minute budget on a
-# 2-core AVX2 machine with at least 40 transformers / torchvision architectures and 15 timm nets.
-SLOW_TIER = frozenset({"timm_rexnet", "timm_ghostnet", "timm_poolformer", "timm_repvgg",
-                       "timm_dla"})
-
-
 def params(names: list[str] | None = None) -> list[Any]:
     """``names`` (default: every model) as pytest parameters: each in its model's xdist group
-    (the per-process caches of tests/real_models/_harness.py), ``slow`` for :data:`SLOW_TIER`."""
+    (the per-process caches of tests/real_models/_harness.py)."""
     import pytest
 
-    return [pytest.param(n, id=n, marks=[pytest.mark.xdist_group(f"real-{n}")]
-                         + ([pytest.mark.slow] if n in SLOW_TIER else []))
+    return [pytest.param(n, id=n, marks=[pytest.mark.xdist_group(f"real-{n}")])
             for n in (NAMES if names is None else names)]
 
 

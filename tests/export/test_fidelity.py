@@ -122,12 +122,7 @@ COMPARABLE = [k for k in KEYS if k not in TORCH_EXPORT_FAILS]
 
 
 def _params(keys: list[str]) -> list[Any]:
-    """The keys as parameters; a real model of ``SLOW_TIER`` runs in ``make test-slow``."""
-    from corpus import real_models as R
-
-    return [pytest.param(k, id=k, marks=pytest.mark.slow
-                         if k.startswith("real:") and k[5:] in R.SLOW_TIER else ())
-            for k in keys]
+    return [pytest.param(k, id=k) for k in keys]
 
 
 # -- the corpus ---------------------------------------------------------------------------------

@@ -21,11 +21,11 @@ BATCH_RANGE = (1, 16)  # real_models.RealCase.dynamic_shapes: Dim("batch", min=1
 
 def _params() -> list:
     """Every model with dynamic dims; the first of each family runs in ``make test``, the others
-    in ``make test-slow`` (CI runs both: ~270 s of CPU time moved out of the 10-minute suite)."""
+    in ``make test-slow`` (CI runs both)."""
     firsts = {next(n for n in names if R.SPECS[n].dims)
               for names in R.families().values() if any(R.SPECS[n].dims for n in names)}
     return [pytest.param(n, marks=[pytest.mark.xdist_group(f"real-{n}")]
-                         + ([] if n in firsts and n not in R.SLOW_TIER else [pytest.mark.slow]),
+                         + ([] if n in firsts else [pytest.mark.slow]),
                          id=n)
             for n in R.NAMES if R.SPECS[n].dims]
 

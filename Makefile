@@ -50,7 +50,7 @@ $(BENCH_STAMP): pyproject.toml
 	$(BENCH_VENV)/bin/pip install --quiet "torch==2.13.0"
 	$(BENCH_VENV)/bin/pip install --quiet "executorch==1.5.1" "torch==2.13.0"
 	$(BENCH_VENV)/bin/pip install --quiet --no-deps -e .
-	$(BENCH_VENV)/bin/pip install --quiet sympy pyyaml numpy
+	$(BENCH_VENV)/bin/pip install --quiet sympy pyyaml numpy isal
 	$(BENCH_VENV)/bin/python -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 'torch changed: ' + torch.__version__)"
 	touch $(BENCH_STAMP)
 

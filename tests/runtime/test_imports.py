@@ -24,6 +24,7 @@ ALLOWED = {
     "exportir.format.serialize",
     "exportir.format.validate",
     "exportir.format._codec",
+    "exportir.format._checksum",
     "exportir.format.planning",
     "exportir.format.work",
     "exportir.format.pte_read",  # ExecuTorch's .pte files (stdlib-only, like the rest)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from exportir.format import _codec, schema
+from exportir.format._checksum import crc32
 from exportir.format.validate import (
     DEFAULT_LIMITS,
     LoadLimits,
@@ -139,14 +140,14 @@ def _write_sections(
     if data_len > cursor:
         chunks.append(bytes(data_len - cursor))
     for chunk in chunks:
-        data_crc = zlib.crc32(chunk, data_crc)
+        data_crc = crc32(chunk, data_crc)
     fields = [
         MAGIC, _major(program), _minor(program), 0,
         data_offset + data_len, structure_offset,
-        len(compressed), len(raw), data_offset, data_len, zlib.crc32(compressed), data_crc, 0,
+        len(compressed), len(raw), data_offset, data_len, crc32(compressed), data_crc, 0,
     ]
     head = _HEADER.pack(*fields)
-    fields[-1] = zlib.crc32(head[:_HEADER_CRC_SPAN])
+    fields[-1] = crc32(head[:_HEADER_CRC_SPAN])
     out.write(_HEADER.pack(*fields) + bytes(_PAD))
     out.write(compressed)
     out.write(bytes(data_offset - structure_offset - len(compressed)))
@@ -210,7 +211,7 @@ def read_layout(data: bytes | bytearray | memoryview | mmap.mmap) -> FileLayout:
         raise ProgramLoadError(f"bad magic {bytes(fields[0])!r} (expected {MAGIC!r}): not an "
                                "exportir program file", "header.magic", 0)
     layout = FileLayout(*fields[1:])
-    if zlib.crc32(view[:_HEADER_CRC_SPAN]) != layout.header_crc:
+    if crc32(view[:_HEADER_CRC_SPAN]) != layout.header_crc:
         raise ProgramLoadError("header checksum mismatch (corrupted header)", "header.crc",
                                _HEADER_CRC_SPAN)
     if layout.major not in schema.READABLE_VERSIONS:
@@ -296,10 +297,10 @@ def deserialize_program(
     layout = read_layout(view)
     s0, s1 = layout.structure_offset, layout.structure_offset + layout.structure_length
     compressed = view[s0:s1]
-    if zlib.crc32(compressed) != layout.structure_crc:
+    if crc32(compressed) != layout.structure_crc:
         raise ProgramLoadError("structure checksum mismatch (corrupted file)", "structure", s0)
     segment = view[layout.data_offset:layout.data_offset + layout.data_length]
-    if verify_data and zlib.crc32(segment) != layout.data_crc:
+    if verify_data and crc32(segment) != layout.data_crc:
         raise ProgramLoadError("data segment checksum mismatch (corrupted weights)", "data",
                                layout.data_offset)
     raw = _inflate(compressed, layout.structure_raw_length, limits, s0)

@@ -40,7 +40,7 @@ from exportir.runtime.backends.fused_cpu.gemv import RowLinear
 from exportir.runtime.backends.fused_cpu.quantized import (
     QUANTIZED_KERNEL_FNS,
     QUANTIZED_SPECIALIZED,
-    define_library,
+    library_schema,
 )
 from exportir.runtime.backends.fused_cpu.records import record
 from exportir.runtime.backends.fused_cpu.rnn import RNN_KERNELS, RNN_PER_OP, RnnShapeError
@@ -542,7 +542,9 @@ def op_schema(name: str) -> Any:
     if name in DYNAMIC_INT8_SCHEMAS:  # the backend's own kernels: schemas, no torch op
         return torch._C.parse_schema(DYNAMIC_INT8_SCHEMAS[name])
     namespace, packet, overload = name.split(".")
-    define_library(namespace)
+    own = library_schema(namespace, packet, overload)
+    if own is not None:
+        return own
     return getattr(getattr(getattr(torch.ops, namespace), packet), overload)._schema
 
 

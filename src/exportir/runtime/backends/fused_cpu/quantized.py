@@ -42,16 +42,22 @@ from exportir.runtime.backends.fused_cpu.int8_float import (
 )
 from exportir.runtime.backends.fused_cpu.qlinear import StaticQLinear
 
-__all__ = ["QUANTIZED_KERNEL_FNS", "QUANTIZED_SPECIALIZED", "DenseWeight", "define_library", "pack_qlinear_weight"]
+__all__ = ["QUANTIZED_KERNEL_FNS", "QUANTIZED_SPECIALIZED", "DenseWeight", "library_schema", "pack_qlinear_weight"]
 
 _LIBRARY_MODULE = "exportir.format.quantized_ops"
 NAMESPACES = frozenset({"quantized_decomposed"})
 
 
-def define_library(namespace: str) -> None:
-    """Register the ops of ``namespace`` with torch when the runtime defines them itself."""
-    if namespace in NAMESPACES:
-        importlib.import_module(_LIBRARY_MODULE).define()
+def library_schema(namespace: str, packet: str, overload: str) -> Any:
+    """The schema of an op of a namespace the runtime defines itself (``None`` for other
+    namespaces), parsed from the library's table: the backend runs these ops' Python functions
+    and reads only their arguments, so nothing is registered with torch."""
+    if namespace not in NAMESPACES:
+        return None
+    schema = importlib.import_module(_LIBRARY_MODULE).parsed_schema(packet, overload)
+    if schema is None:
+        raise KeyError(f"{namespace}.{packet}.{overload}")
+    return schema
 
 
 class _LibraryFn:

@@ -1,5 +1,6 @@
-"""The fused CPU backend's one-row linear (decode steps): a weight blocked once, results equal
-to ATen's ``linear`` up to float rounding, and every case it does not block left to ATen."""
+"""The fused CPU backend's one-row linear (decode steps): ATen's ``linear`` or the blocked
+layout, chosen once per blob by timing, results equal to ATen's ``linear`` up to float rounding,
+and every case it does not block left to ATen."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import torch
 
 from exportir.runtime.backends.fused_cpu.gemv import (
     BLOCK,
+    BLOCKED,
+    LINEAR,
     RowLinear,
     block_weight,
     blockable,
     blocked_linear,
+    fastest,
 )
 from exportir.runtime.backends.fused_cpu.quantized import DenseWeight
 
@@ -35,52 +39,86 @@ def test_block_weight_layout() -> None:
     assert torch.equal(blocked[1, :, 5], w[BLOCK + 5])
 
 
-def test_row_linear_blocks_a_weight_seen_twice() -> None:
+def _picks(mode: str):
+    """A chooser that takes ``mode``, recording the timings it was offered."""
+    offered: list[dict[str, float]] = []
+
+    def choose(timings: dict[str, float]) -> str:
+        offered.append(dict(timings))
+        return mode
+
+    return choose, offered
+
+
+@pytest.mark.parametrize("mode", [LINEAR, BLOCKED])
+@pytest.mark.parametrize("bias", [False, True])
+def test_row_linear_runs_the_chosen_layout_equal_to_linear(mode: str, bias: bool) -> None:
     torch.manual_seed(0)
-    op, w = RowLinear(min_bytes=0), torch.randn(2 * BLOCK, 8)
-    x = torch.randn(1, 1, 8)
-    expected = torch.nn.functional.linear(x, w)
-    for _ in range(3):
-        torch.testing.assert_close(op(x, w), expected)
-    assert op._state[2] is not None  # blocked on the second call
-    torch.testing.assert_close(op(torch.randn(4, 8), w).shape, torch.Size([4, 2 * BLOCK]))
+    choose, offered = _picks(mode)
+    op, w = RowLinear(min_bytes=0, choose=choose), torch.randn(2 * BLOCK, 8)
+    b = torch.randn(2 * BLOCK) if bias else None
+    for x in (torch.randn(1, 1, 8), torch.randn(1, 1, 8), torch.randn(1, 1, 8),
+              torch.randn(1, 8), torch.randn(1, 8), torch.randn(4, 8), torch.randn(1, 1, 1, 8)):
+        torch.testing.assert_close(op(x, w, b), torch.nn.functional.linear(x, w, b))
+    assert op.mode is mode and len(offered) == 1  # decided once
+    assert set(offered[0]) == {LINEAR, BLOCKED} and all(t > 0 for t in offered[0].values())
+    assert (op._state[3] is None) == (mode is LINEAR)  # a blocked copy only when chosen
+
+
+def test_the_default_chooser_keeps_copies_only_when_they_pay() -> None:
+    assert fastest({LINEAR: 10.0, BLOCKED: 8.0}) == BLOCKED
+    assert fastest({LINEAR: 10.0, BLOCKED: 9.8}) == LINEAR  # under 5%: no copies
+    assert fastest({LINEAR: 5.0, BLOCKED: 6.0}) == LINEAR
+
+
+def test_row_linear_refuses_a_chooser_picking_what_was_not_offered() -> None:
+    op, w = RowLinear(min_bytes=0, choose=lambda timings: "transposed"), torch.randn(2 * BLOCK, 8)
+    x = torch.randn(1, 8)
+    op(x, w)
+    with pytest.raises(ValueError, match="chooser picked 'transposed'"):
+        op(x, w)
 
 
 def test_row_linear_keeps_atens_linear_for_weights_that_stay_in_cache() -> None:
-    """Below BLOCK_MIN_BYTES of one-row weights in the blob no blocked copy is made and every
-    call (any row shape) runs ATen's linear."""
+    """Below BLOCK_MIN_BYTES of one-row weights in the blob nothing is timed, no blocked copy is
+    made and every call (any row shape) runs ATen's linear."""
     torch.manual_seed(0)
-    op, w, b = RowLinear(), torch.randn(2 * BLOCK, 8), torch.randn(2 * BLOCK)
+    choose, offered = _picks(BLOCKED)
+    op, w, b = RowLinear(choose=choose), torch.randn(2 * BLOCK, 8), torch.randn(2 * BLOCK)
     for x in (torch.randn(1, 8), torch.randn(1, 8), torch.randn(1, 8), torch.randn(1, 1, 8),
               torch.randn(3, 8), torch.randn(1, 8)):
         torch.testing.assert_close(op(x, w, b), torch.nn.functional.linear(x, w, b))
-    assert op._state[2] is None and op._state[4] is None
+    assert offered == [] and op.mode is LINEAR and op._state[3] is None
 
 
 def test_row_linears_of_one_blob_block_by_their_total_size() -> None:
-    """Two linears each under the threshold, together over it: both block (the decision counts
-    the weights every op of the group saw on the first call)."""
+    """Two linears each under the threshold, together over it: one decision, timed once over
+    both weights, and both block (the decision counts the weights every op of the group saw on
+    the first call)."""
     torch.manual_seed(0)
     group: list[RowLinear] = []
-    ops = [RowLinear(min_bytes=3 * BLOCK * 8 * 4) for _ in range(2)]
+    choose, offered = _picks(BLOCKED)
+    ops = [RowLinear(min_bytes=3 * BLOCK * 8 * 4, choose=choose) for _ in range(2)]
     for op in ops:
         op.join(group)
     ws, x = [torch.randn(2 * BLOCK, 8) for _ in ops], torch.randn(1, 8)
     for _ in range(2):
         for op, w in zip(ops, ws):
             torch.testing.assert_close(op(x, w), torch.nn.functional.linear(x, w))
-    assert all(op._state[2] is not None for op in ops)
-    alone = RowLinear(min_bytes=3 * BLOCK * 8 * 4)
+    assert all(op.mode is BLOCKED for op in ops) and len(offered) == 1
+    alone = RowLinear(min_bytes=3 * BLOCK * 8 * 4, choose=choose)
     alone(x, ws[0]), alone(x, ws[0])
-    assert alone._state[2] is None
+    assert alone.mode is LINEAR and len(offered) == 1  # under the threshold: not timed
 
 
-def test_row_linear_follows_a_changed_weight() -> None:
+@pytest.mark.parametrize("mode", [LINEAR, BLOCKED])
+def test_row_linear_follows_a_changed_weight(mode: str) -> None:
     torch.manual_seed(0)
-    op, w = RowLinear(min_bytes=0), torch.randn(BLOCK, 8)
+    op, w = RowLinear(min_bytes=0, choose=_picks(mode)[0]), torch.randn(BLOCK, 8)
     x = torch.randn(1, 8)
     op(x, w), op(x, w)
-    w.mul_(2)  # written in place: the blocked copy is stale
+    assert op.mode is mode
+    w.mul_(2)  # written in place: the copy is stale
     torch.testing.assert_close(op(x, w), torch.nn.functional.linear(x, w))
     other = torch.randn(BLOCK, 8)
     torch.testing.assert_close(op(x, other), torch.nn.functional.linear(x, other))
@@ -98,7 +136,7 @@ def test_row_linear_leaves_other_weights_to_aten(w: torch.Tensor) -> None:
     assert not blockable(w)
     for _ in range(2):
         torch.testing.assert_close(op(x, w), torch.nn.functional.linear(x, w))
-    assert op._state[2] is None
+    assert op.mode is None
 
 
 def test_row_linear_wrong_width_fails_as_aten_does() -> None:

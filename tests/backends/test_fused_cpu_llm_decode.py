@@ -247,9 +247,10 @@ def test_mini_llama_decodes_the_eager_tokens(scheme):
 
 
 def test_one_row_weights_are_laid_out_by_the_first_call():
-    """A decode delegate's one-row linears block their weights (delegate inputs: the method's
-    constants) during the first call, not the second: a decode loop's steady state starts at
-    its second token. 8 MiB of weights (the blocking threshold), results equal to eager."""
+    """A decode delegate's one-row linears choose and lay out their weights (delegate inputs:
+    the method's constants) during the first call, not the second: a decode loop's steady state
+    starts at its second token. 8 MiB of weights (the blocking threshold: all three layouts
+    timed), results equal to eager."""
     from exportir.runtime.backends.fused_cpu import FusedCpuRuntime
     from exportir.runtime.backends.fused_cpu.gemv import BLOCK_MIN_BYTES, RowLinear
 
@@ -263,7 +264,7 @@ def test_one_row_weights_are_laid_out_by_the_first_call():
     runtime = FusedCpuRuntime()
     handle = runtime.init(blob, [])
     (op,) = [f for f in handle.fn.__globals__.values() if isinstance(f, RowLinear)]
-    assert len(handle.primes) == 1 and op._state[2] is None
+    assert len(handle.primes) == 1 and op.mode is None
     (got,) = runtime.execute(handle, [model.weight, x])  # parameters come first
-    assert op._state[2] is not None and not handle.primes  # blocked by the first call
+    assert op.mode is not None and not handle.primes  # chosen by the first call
     torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)

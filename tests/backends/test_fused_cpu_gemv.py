@@ -15,6 +15,7 @@ from exportir.runtime.backends.fused_cpu.gemv import (
     block_weight,
     blockable,
     blocked_linear,
+    blocked_streams_faster,
     fastest,
 )
 from exportir.runtime.backends.fused_cpu.quantized import DenseWeight
@@ -146,12 +147,24 @@ def test_row_linear_wrong_width_fails_as_aten_does() -> None:
         op(torch.randn(1, 7), w)
 
 
-def test_dense_weight_keeps_only_the_blocked_layout() -> None:
+@pytest.mark.parametrize("blocked_faster", [True, False])
+def test_dense_weight_keeps_one_layout_the_one_this_cpu_streams_faster(
+        monkeypatch: pytest.MonkeyPatch, blocked_faster: bool) -> None:
+    from exportir.runtime.backends.fused_cpu import quantized
+
+    monkeypatch.setattr(quantized, "blocked_streams_faster", lambda: blocked_faster)
     torch.manual_seed(0)
     dense = torch.randn(2 * BLOCK, 8)
     held = DenseWeight.of(dense)
-    assert held.weight is None and held.in_features == 8
+    assert (held.weight is None) == blocked_faster and (held.blocked is None) != blocked_faster
+    assert held.in_features == 8
     for x in (torch.randn(1, 8), torch.randn(5, 8)):
         torch.testing.assert_close(held.linear(x), torch.nn.functional.linear(x, dense))
     odd = DenseWeight.of(torch.randn(BLOCK + 2, 8))
     assert odd.blocked is None and odd.in_features == 8
+
+
+def test_the_cpu_verdict_is_measured_once_per_process() -> None:
+    verdict = blocked_streams_faster()
+    assert isinstance(verdict, bool) and blocked_streams_faster() is verdict
+    assert blocked_streams_faster.cache_info().hits >= 1

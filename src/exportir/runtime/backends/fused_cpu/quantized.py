@@ -34,7 +34,12 @@ from typing import Any
 
 import torch
 
-from exportir.runtime.backends.fused_cpu.gemv import block_weight, blockable, blocked_linear
+from exportir.runtime.backends.fused_cpu.gemv import (
+    block_weight,
+    blockable,
+    blocked_linear,
+    blocked_streams_faster,
+)
 from exportir.runtime.backends.fused_cpu.int8_float import (
     FloatQConv,
     FloatQLinear,
@@ -435,9 +440,11 @@ class StaticQConv:
 class DenseWeight:
     """A weight-only kernel's weight, dequantized at load because ``linear`` on it was
     measured faster than the packed kernel (module docstring): ``weight`` is ``[N, K]``, or
-    None when only its blocked layout is kept (``blocked``, :func:`.gemv.block_weight`: one-row
-    products, a decode step's, stream it twice as fast; :meth:`of` makes that choice). A kernel
-    argument, so a plain slotted class (as :class:`PackedConvWeight`)."""
+    None when only its blocked layout is kept (``blocked``, :func:`.gemv.block_weight`), which
+    :meth:`of` does where one-row products (a decode step's) stream blocked weights faster than
+    ATen's ``linear`` on this CPU (:func:`.gemv.blocked_streams_faster`: twice as fast on AMD
+    EPYC, 8% slower on a Xeon with AVX-512 in the mini Llama's int8 decode). A kernel argument,
+    so a plain slotted class (as :class:`PackedConvWeight`)."""
 
     __slots__ = ("blocked", "weight")
 
@@ -451,7 +458,9 @@ class DenseWeight:
 
     @classmethod
     def of(cls, dense: torch.Tensor) -> DenseWeight:
-        return cls(None, block_weight(dense)) if blockable(dense) else cls(dense)
+        if blockable(dense) and blocked_streams_faster():
+            return cls(None, block_weight(dense))
+        return cls(dense)
 
     @property
     def in_features(self) -> int:

@@ -135,9 +135,11 @@ def test_row_linear_leaves_other_weights_to_aten(w: torch.Tensor) -> None:
             op(x, w), op(x, w)
         return
     assert not blockable(w)
-    for _ in range(2):
+    for _ in range(3):  # the third from __call__'s fast path
         torch.testing.assert_close(op(x, w), torch.nn.functional.linear(x, w))
-    assert op.mode is None
+    assert op.mode is LINEAR and op._state[3] is None  # no copy
+    wider = torch.randn(1, 1, 8, dtype=w.dtype)  # another row shape: the general path again
+    torch.testing.assert_close(op(wider, w), torch.nn.functional.linear(wider, w))
 
 
 def test_row_linear_wrong_width_fails_as_aten_does() -> None:

@@ -202,6 +202,9 @@ class RowLinear:
         if x.dtype != torch.float32 or not blockable(w, x.shape[-1]) or (
                 bias is not None and (bias.dtype != torch.float32 or bias.dim() != 1
                                       or bias.shape[0] != w.shape[0])):
+            # ATen's linear, from the fast path in __call__ while the row shape and weight hold
+            # (a classifier's 512 -> 10 took this branch on every call)
+            self._state = (w, version, LINEAR, None, x.shape, None, None)
             return _linear(x, w, bias)
         if mode is None:  # second sight: the group's layout (decided by the first to ask)
             mode = self._verdict[0]

@@ -125,13 +125,15 @@ def blocked_streams_faster() -> bool:
     512]`` weights timed both ways, as :class:`RowLinear` times a blob's (:func:`fastest`),
     once per process (~10 ms). For weights laid out at load, before any call shows the blob's
     real ones (``quantized.DenseWeight``)."""
-    weights = [torch.full((512, 512), 0.5) for _ in range(2 * BLOCK_MIN_BYTES // (512 * 512 * 4))]
+    count = 2 * BLOCK_MIN_BYTES // (512 * 512 * 4)
     row = torch.full((1, 512), 0.25)
-    copies = [block_weight(w) for w in weights]
-    timings = {
-        LINEAR: _best_time(lambda: [_linear(row, w) for w in weights]),
-        BLOCKED: _best_time(lambda: [blocked_linear(row, b) for b in copies]),
-    }
+    # one layout at a time (the values do not matter): 16 MiB held at once, not 32
+    weights = [torch.full((512, 512), 0.5) for _ in range(count)]
+    linear = _best_time(lambda: [_linear(row, w) for w in weights])
+    del weights
+    blocked = [torch.full((512 // BLOCK, 512, BLOCK), 0.5) for _ in range(count)]
+    timings = {LINEAR: linear,
+               BLOCKED: _best_time(lambda: [blocked_linear(row, b) for b in blocked])}
     return fastest(timings) == BLOCKED
 
 

@@ -130,7 +130,7 @@ def blocked_streams_faster() -> bool:
     # one layout at a time (the values do not matter): 16 MiB held at once, not 32
     weights = [torch.full((512, 512), 0.5) for _ in range(count)]
     linear = _best_time(lambda: [_linear(row, w) for w in weights])
-    del weights
+    weights.clear()
     blocked = [torch.full((512 // BLOCK, 512, BLOCK), 0.5) for _ in range(count)]
     timings = {LINEAR: linear,
                BLOCKED: _best_time(lambda: [blocked_linear(row, b) for b in blocked])}

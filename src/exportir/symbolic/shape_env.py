@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+import bisect
+import dis
 import enum
 import sys
 from collections.abc import Callable
@@ -136,6 +138,38 @@ def user_frame() -> UserFrame | None:
             return UserFrame(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name, code)
         frame = frame.f_back
     return None
+
+
+def _user_code_frame() -> Any:
+    """The innermost frame of the caller's own code (as :func:`user_frame` finds it), itself."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename.replace("\\", "/")
+        if not any(m in name for m in _LIBRARY_MARKERS) and not name.startswith("<"):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+# the jump an ``assert`` statement makes past its raise when the condition holds
+_JUMPS_IF_TRUE = frozenset({"POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_TRUE",
+                            "POP_JUMP_IF_TRUE"})
+
+
+def in_assert_statement() -> bool:
+    """Whether the user's code is deciding the condition of an ``assert`` statement right now:
+    its current instruction jumps when the value is true and the next one loads
+    ``AssertionError`` (``assert cond`` and ``assert cond, message`` alike)."""
+    frame = _user_code_frame()
+    if frame is None:
+        return False
+    insts = list(dis.get_instructions(frame.f_code))
+    cur = bisect.bisect_left([i.offset for i in insts], frame.f_lasti)
+    if sys.version_info >= (3, 13) and cur < len(insts) and insts[cur].opname in (
+            "TO_BOOL", "COMPARE_OP"):
+        cur += 1
+    return (cur + 1 < len(insts) and insts[cur].opname in _JUMPS_IF_TRUE
+            and insts[cur + 1].opname == "LOAD_ASSERTION_ERROR")
 
 
 def _what_symbols_are(symbols: list[sympy.Symbol], names: dict[str, str]) -> str:
@@ -463,6 +497,11 @@ class ShapeEnv:
                 return self._specialize_by_example(expr, frame)
             if self.draft:
                 return self._decide_by_example(expr, frame)
+            if _is_bool(expr) and in_assert_statement():
+                # ``assert cond`` on tensor data: the program checks it when it runs, as
+                # torch.export (non-strict) does, and the capture goes on with it holding
+                self.defer_runtime_assert(expr, frame)
+                return True
             raise self.data_dependent_error(expr, frame)
         frame = frame or user_frame()
         if _is_bool(expr):

@@ -130,18 +130,16 @@ def user_frame() -> UserFrame | None:
     """The innermost frame of the caller's own code."""
     import linecache
 
-    frame = sys._getframe(1)
-    while frame is not None:
-        name = frame.f_code.co_filename.replace("\\", "/")
-        if not any(m in name for m in _LIBRARY_MARKERS) and not name.startswith("<"):
-            code = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
-            return UserFrame(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name, code)
-        frame = frame.f_back
-    return None
+    frame = _user_code_frame()
+    if frame is None:
+        return None
+    code = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+    return UserFrame(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name, code)
 
 
 def _user_code_frame() -> Any:
-    """The innermost frame of the caller's own code (as :func:`user_frame` finds it), itself."""
+    """The innermost frame of the caller's own code (not torch, exportir, sympy or generated
+    code), the frame object itself."""
     frame = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename.replace("\\", "/")
